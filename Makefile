@@ -1,0 +1,39 @@
+# Two commands set everything up on a fresh machine: `make train` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+
+.PHONY: train test test-slow gradcheck lint tensorboard clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+train: $(STAMP)            ## train the cartpole with the default configuration
+	$(PY) -m harness train +env=cartpole $(ARGS)
+
+test: $(TEST_STAMP)        ## the default (fast) test suite
+	$(PY) -m pytest $(ARGS)
+
+test-slow: $(TEST_STAMP)   ## the slow tests only (full default training run, long horizons)
+	$(PY) -m pytest -m slow $(ARGS)
+
+gradcheck: $(STAMP)
+	$(PY) -m harness gradcheck +env=cartpole env.horizon=120
+
+lint: $(TEST_STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+tensorboard: $(STAMP)
+	$(VENV)/bin/tensorboard --logdir outputs/ --host 127.0.0.1
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -1,0 +1,159 @@
+"""Loss terms over rollout observables, and their weighted sum.
+
+A term reads one observable of shape (steps, worlds, dim) and reduces it to a scalar;
+the loss is ``sum_k weight_k * term_k``. Every term is normalised by the number of steps
+and worlds it covers, so weights do not need retuning when the horizon or the world
+count changes. Each term's weighted value is kept in its own entry of a device array
+(``term_values``) for logging; the total is a one-element device array that
+``Tape.backward`` starts from.
+
+A new kind of term is one kernel plus one entry in ``TERM_KINDS``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import warp as wp
+
+
+@wp.kernel
+def _quadratic_term(
+    x: wp.array3d(dtype=wp.float32),
+    first_step: int,
+    dim_weights: wp.array(dtype=wp.float32),
+    target: wp.array(dtype=wp.float32),
+    scale: float,
+    term: int,
+    term_values: wp.array(dtype=wp.float32),
+):
+    t, w, d = wp.tid()
+    diff = x[first_step + t, w, d] - target[d]
+    wp.atomic_add(term_values, term, scale * dim_weights[d] * diff * diff)
+
+
+@wp.kernel
+def _sum_terms(term_values: wp.array(dtype=wp.float32), term_count: int, total: wp.array(dtype=wp.float32)):
+    acc = float(0.0)
+    for k in range(term_count):
+        acc += term_values[k]
+    total[0] = acc
+
+
+@dataclasses.dataclass(frozen=True)
+class LossTerm:
+    """One weighted term of the loss.
+
+    Attributes:
+        name: Tag suffix in logs (``loss/<name>``).
+        source: Observable it reads (``joint_q``, ``controls``, ...).
+        weight: Multiplier of the term in the total.
+        kind: ``quadratic``: mean over the covered steps and worlds of
+            ``sum_d dim_weights[d] * (x[t, w, d] - target[d])**2``.
+        dim_weights: Per-dimension weights; all ones if empty.
+        target: Per-dimension target values; zeros if empty.
+        steps: ``all`` (running cost over the whole horizon) or ``last`` (final step only).
+    """
+
+    name: str
+    source: str
+    weight: float = 1.0
+    kind: str = "quadratic"
+    dim_weights: tuple[float, ...] = ()
+    target: tuple[float, ...] = ()
+    steps: str = "all"
+
+
+TERM_KINDS = {"quadratic": _quadratic_term}
+STEP_MODES = ("all", "last")
+
+
+class WeightedLoss:
+    """The weighted sum of :class:`LossTerm` s; built from ``configs/loss/*.yaml``.
+
+    Args:
+        terms: Mapping from term name to its fields (as in the YAML), or LossTerm objects.
+    """
+
+    def __init__(self, terms: Mapping[str, Mapping[str, Any]] | Sequence[LossTerm]):
+        if isinstance(terms, Mapping):
+            built = [LossTerm(name=name, **_plain(fields)) for name, fields in terms.items()]
+        else:
+            built = list(terms)
+        if not built:
+            raise ValueError("loss.terms: at least one term is needed")
+        for term in built:
+            if term.kind not in TERM_KINDS:
+                raise ValueError(f"loss.terms.{term.name}.kind: '{term.kind}' is not one of {sorted(TERM_KINDS)}")
+            if term.steps not in STEP_MODES:
+                raise ValueError(f"loss.terms.{term.name}.steps: '{term.steps}' is not one of {list(STEP_MODES)}")
+            if not np.isfinite(term.weight) or term.weight < 0:
+                raise ValueError(f"loss.terms.{term.name}.weight: must be a finite number >= 0, got {term.weight}")
+        self.terms = built
+        self._bound = False
+
+    @property
+    def term_names(self) -> list[str]:
+        return [t.name for t in self.terms]
+
+    def bind(self, observables: Mapping[str, int], *, device: wp.context.Devicelike = None) -> None:
+        """Check every term against the env's observables and allocate device buffers."""
+        self.device = wp.get_device(device)
+        self._dim_weights, self._targets = [], []
+        for term in self.terms:
+            if term.source not in observables:
+                raise ValueError(
+                    f"loss.terms.{term.name}.source: '{term.source}' is not an observable of this env; "
+                    f"accepted: {sorted(observables)}"
+                )
+            dim = observables[term.source]
+            weights = _per_dim(term.dim_weights, dim, 1.0, f"loss.terms.{term.name}.dim_weights")
+            target = _per_dim(term.target, dim, 0.0, f"loss.terms.{term.name}.target")
+            self._dim_weights.append(wp.array(weights, dtype=wp.float32, device=self.device))
+            self._targets.append(wp.array(target, dtype=wp.float32, device=self.device))
+        self.term_values = wp.zeros(len(self.terms), dtype=wp.float32, device=self.device, requires_grad=True)
+        self.total = wp.zeros(1, dtype=wp.float32, device=self.device, requires_grad=True)
+        self._bound = True
+
+    def zero(self) -> None:
+        """Zero the values and gradients of the term and total buffers."""
+        for array in (self.term_values, self.total):
+            array.zero_()
+            array.grad.zero_()
+
+    def __call__(self, trajectory: Mapping[str, wp.array]) -> wp.array:
+        """Record the loss of a trajectory; returns the one-element total (call :meth:`zero` first)."""
+        if not self._bound:
+            raise RuntimeError("WeightedLoss.bind() must be called before evaluating the loss")
+        for k, term in enumerate(self.terms):
+            x = trajectory[term.source]
+            steps, worlds, dim = x.shape
+            first = steps - 1 if term.steps == "last" else 0
+            covered = steps - first
+            wp.launch(
+                TERM_KINDS[term.kind],
+                dim=(covered, worlds, dim),
+                inputs=[x, first, self._dim_weights[k], self._targets[k], term.weight / (covered * worlds), k],
+                outputs=[self.term_values],
+                device=self.device,
+            )
+        wp.launch(_sum_terms, dim=1, inputs=[self.term_values, len(self.terms)], outputs=[self.total])
+        return self.total
+
+
+def _plain(fields: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in dict(fields).items():
+        out[key] = tuple(float(v) for v in value) if isinstance(value, Sequence) and not isinstance(value, str) else value
+    return out
+
+
+def _per_dim(values: Sequence[float], dim: int, default: float, field: str) -> np.ndarray:
+    if len(values) == 0:
+        return np.full(dim, default, dtype=np.float32)
+    if len(values) != dim:
+        raise ValueError(f"{field}: needs {dim} values for this observable, got {len(values)}")
+    return np.asarray(values, dtype=np.float32)

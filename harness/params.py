@@ -1,0 +1,169 @@
+"""Trainable parameters: one flat float32 buffer, one flat gradient buffer, named views.
+
+Every named parameter (``controls``, ``policy/w1``, ``pole_mass``) is a typed Warp view
+into the flat ``data`` array, and its ``.grad`` is the matching view into the flat
+``grad`` array. A global norm, a clip, a statistic or an optimizer step is therefore one
+kernel launch over the whole buffer, whatever the number of parameter arrays (the Warp
+counterpart of PyTorch's multi-tensor apply), and zeroing every gradient is one memset.
+
+Per-parameter reductions use a fixed chunk table: the buffer is cut into chunks of at
+most ``CHUNK`` entries that never straddle two parameters, so one launch with one thread
+per chunk can reduce every parameter at once with one atomic per chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+import warp as wp
+
+CHUNK = 256
+"""Entries reduced by one thread in the chunked per-parameter reductions."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """Declares one named trainable array.
+
+    Attributes:
+        name: Unique name, used in logs and checkpoints (``controls``, ``policy/w1``).
+        shape: Shape of the typed array, in elements of ``dtype``.
+        dtype: Warp dtype of the view: ``wp.float32`` or a float32 vector/matrix type.
+        init: Initial values, broadcastable to ``shape + dtype's own shape``; zeros if None.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: type = wp.float32
+    init: np.ndarray | None = None
+
+    @property
+    def scalar_count(self) -> int:
+        """Number of float32 scalars the parameter occupies in the flat buffer."""
+        return int(np.prod(self.shape, dtype=np.int64)) * _dtype_width(self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """Where one named parameter lives in the flat buffer, in float32 scalars."""
+
+    name: str
+    offset: int
+    length: int
+
+
+def _dtype_width(dtype: type) -> int:
+    if dtype in (wp.float32, float):
+        return 1
+    if getattr(dtype, "_wp_scalar_type_", None) is not wp.float32:
+        raise TypeError(f"ParamSet stores float32 data only, got dtype {dtype}")
+    return int(wp.types.type_size(dtype))
+
+
+class ParamSet:
+    """Flat float32 parameter and gradient buffers with typed, named views.
+
+    Args:
+        specs: The parameters, in the order they are laid out in the buffer.
+        device: Warp device for every array.
+    """
+
+    def __init__(self, specs: list[ParamSpec], *, device: wp.context.Devicelike = None):
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"parameter names must be unique, got {names}")
+        if not specs:
+            raise ValueError("a ParamSet needs at least one parameter")
+        self.device = wp.get_device(device)
+        self.specs = list(specs)
+        self.segments: list[Segment] = []
+        offset = 0
+        for spec in specs:
+            self.segments.append(Segment(spec.name, offset, spec.scalar_count))
+            offset += spec.scalar_count
+        self.size = offset
+
+        host = np.zeros(self.size, dtype=np.float32)
+        for spec, seg in zip(specs, self.segments, strict=True):
+            if spec.init is not None:
+                full_shape = spec.shape + _inner_shape(spec.dtype)
+                host[seg.offset : seg.offset + seg.length] = np.broadcast_to(
+                    np.asarray(spec.init, dtype=np.float32), full_shape
+                ).ravel()
+        self.grad = wp.zeros(self.size, dtype=wp.float32, device=self.device)
+        self.data = wp.array(host, dtype=wp.float32, device=self.device)
+        self.data.grad = self.grad
+        self.views: dict[str, wp.array] = {
+            spec.name: self._view(spec, seg) for spec, seg in zip(specs, self.segments, strict=True)
+        }
+
+        # Segment and chunk tables for one-launch per-parameter reductions.
+        chunk_seg, chunk_start, chunk_end = [], [], []
+        for i, seg in enumerate(self.segments):
+            for start in range(seg.offset, seg.offset + seg.length, CHUNK):
+                chunk_seg.append(i)
+                chunk_start.append(start)
+                chunk_end.append(min(start + CHUNK, seg.offset + seg.length))
+        self.chunk_count = len(chunk_seg)
+        self.chunk_segment = wp.array(np.array(chunk_seg, np.int32), dtype=wp.int32, device=self.device)
+        self.chunk_start = wp.array(np.array(chunk_start, np.int32), dtype=wp.int32, device=self.device)
+        self.chunk_end = wp.array(np.array(chunk_end, np.int32), dtype=wp.int32, device=self.device)
+
+    @property
+    def segment_count(self) -> int:
+        return len(self.segments)
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.segments]
+
+    def _view(self, spec: ParamSpec, seg: Segment) -> wp.array:
+        byte_offset = seg.offset * 4
+        grad = wp.array(
+            ptr=self.grad.ptr + byte_offset, dtype=spec.dtype, shape=spec.shape, device=self.device, copy=False
+        )
+        view = wp.array(
+            ptr=self.data.ptr + byte_offset,
+            dtype=spec.dtype,
+            shape=spec.shape,
+            device=self.device,
+            copy=False,
+            grad=grad,
+        )
+        # Keep the owners alive as long as the views are.
+        view._harness_owner = (self.data, self.grad)
+        return view
+
+    def __getitem__(self, name: str) -> wp.array:
+        return self.views[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.views)
+
+    def zero_grad(self) -> None:
+        """Zero every gradient entry (one memset over the flat buffer)."""
+        self.grad.zero_()
+
+    def numpy(self) -> dict[str, np.ndarray]:
+        """Host copies of every parameter, by name, in the view's full shape."""
+        flat = self.data.numpy()
+        return {
+            spec.name: flat[seg.offset : seg.offset + seg.length].reshape(spec.shape + _inner_shape(spec.dtype)).copy()
+            for spec, seg in zip(self.specs, self.segments, strict=True)
+        }
+
+    def grad_numpy(self) -> dict[str, np.ndarray]:
+        """Host copies of every gradient, by name, in the view's full shape."""
+        flat = self.grad.numpy()
+        return {
+            spec.name: flat[seg.offset : seg.offset + seg.length].reshape(spec.shape + _inner_shape(spec.dtype)).copy()
+            for spec, seg in zip(self.specs, self.segments, strict=True)
+        }
+
+
+def _inner_shape(dtype: type) -> tuple[int, ...]:
+    if dtype in (wp.float32, float):
+        return ()
+    return tuple(dtype._shape_)

@@ -1,0 +1,67 @@
+"""What a run shows a person: TensorBoard event files and the progress line.
+
+Events are written with tensorboardX (pure Python protobufs; no TensorFlow or PyTorch)
+into the run folder itself, so ``tensorboard --logdir outputs/`` lists one run per
+folder. The progress line is redrawn in place on a terminal and printed as plain
+periodic lines otherwise (CI, pipes, files).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+from tensorboardX import SummaryWriter
+
+
+class RunLog:
+    """TensorBoard writer plus progress line for one training run.
+
+    Args:
+        logdir: Folder that receives the event file.
+        total: Number of iterations of the run (for the progress line).
+        interactive: Redraw the progress line in place; default: whether ``stream`` is a TTY.
+        stream: Where the progress line goes.
+    """
+
+    def __init__(self, logdir: str | Path, *, total: int, interactive: bool | None = None, stream: TextIO = sys.stdout):
+        self.logdir = Path(logdir)
+        self.total = total
+        self.stream = stream
+        self.interactive = stream.isatty() if interactive is None else interactive
+        self.writer = SummaryWriter(logdir=str(self.logdir), flush_secs=3600)
+        self._width = len(str(total))
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Write one value per tag at ``step``."""
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, float(value), global_step=step)
+
+    def histogram(self, step: int, tag: str, values: np.ndarray) -> None:
+        """Write a histogram of the finite entries of ``values`` (skipped when there are none)."""
+        flat = np.asarray(values, dtype=np.float64).ravel()
+        flat = flat[np.isfinite(flat)]
+        if flat.size:
+            self.writer.add_histogram(tag, flat, global_step=step, bins="auto")
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def progress(self, iteration: int, *, loss: float, grad_norm: float, its_per_s: float) -> None:
+        """Show iteration, loss, pre-clip gradient norm and iterations per second."""
+        line = (
+            f"[{iteration:>{self._width}d}/{self.total}] loss {loss:.6g}  |g|pre {grad_norm:.3e}  {its_per_s:.2f} it/s"
+        )
+        if self.interactive:
+            self.stream.write("\r" + line + "\x1b[K")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.interactive:
+            self.stream.write("\n")
+            self.stream.flush()
+        self.writer.close()

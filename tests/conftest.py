@@ -1,0 +1,3 @@
+"""Shared pytest setup."""
+
+import harness  # noqa: F401  (sets Warp's log level before Warp initialises)
