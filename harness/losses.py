@@ -37,7 +37,7 @@ def _quadratic_term(
 
 @wp.kernel
 def _sum_terms(term_values: wp.array(dtype=wp.float32), term_count: int, total: wp.array(dtype=wp.float32)):
-    acc = float(0.0)
+    acc = float(0.0)  # noqa: UP018  (a dynamic Warp variable, mutated in the loop)
     for k in range(term_count):
         acc += term_values[k]
     total[0] = acc
@@ -147,7 +147,9 @@ class WeightedLoss:
 def _plain(fields: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for key, value in dict(fields).items():
-        out[key] = tuple(float(v) for v in value) if isinstance(value, Sequence) and not isinstance(value, str) else value
+        out[key] = (
+            tuple(float(v) for v in value) if isinstance(value, Sequence) and not isinstance(value, str) else value
+        )
     return out
 
 

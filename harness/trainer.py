@@ -77,7 +77,7 @@ def _record_row(
     history[row, 5] = max_abs[0]
     history[row, 6] = float(nonfinite[0])
     history[row, 7] = lr[0]
-    col = int(8)
+    col = int(8)  # noqa: RUF046, UP018  (a dynamic Warp variable, mutated in the loops)
     for k in range(loss_terms.shape[0]):
         history[row, col] = loss_terms[k]
         col += 1

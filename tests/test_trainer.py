@@ -1,0 +1,101 @@
+"""The training loop on the real Newton cartpole: gradients, learning, TensorBoard output."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from harness.trainer import FIXED_COLUMNS
+from tests.helpers import make_trainer
+
+
+def test_two_iterations_from_identical_parameters_give_bit_identical_gradients():
+    trainer = make_trainer(horizon=40)
+    trainer.forward_backward()
+    first = trainer.params.grad.numpy().copy()
+    assert np.abs(first).max() > 0.0
+    # Same parameters again: every buffer must have been reset, nothing may accumulate.
+    trainer.forward_backward()
+    second = trainer.params.grad.numpy()
+    np.testing.assert_array_equal(first, second)
+
+
+def test_gradients_accumulate_without_the_trainers_zeroing(monkeypatch):
+    """The failure the zeroing prevents: skipping it makes the second gradient differ."""
+    trainer = make_trainer(horizon=40)
+    trainer.forward_backward()
+    first = trainer.params.grad.numpy().copy()
+    monkeypatch.setattr(trainer, "zero_grad", lambda: None)
+    trainer.forward_backward()
+    assert not np.array_equal(first, trainer.params.grad.numpy())
+
+
+def test_optimizer_step_does_not_touch_the_gradient_buffer():
+    trainer = make_trainer(horizon=20)
+    trainer.forward_backward()
+    trainer.stats_pre.compute(trainer.params.grad)
+    trainer.clip.update(trainer.params, trainer.clip_state, trainer.stats_pre)
+    clipped = trainer.params.grad.numpy().copy()
+    before = trainer.params.data.numpy().copy()
+    trainer.optimizer.step(trainer.params, trainer.opt_state)
+    np.testing.assert_array_equal(trainer.params.grad.numpy(), clipped)
+    assert not np.array_equal(trainer.params.data.numpy(), before)
+
+
+def test_pre_clip_norm_is_measured_before_clipping_and_post_clip_after():
+    max_norm = 1e-5  # well below this rollout's gradient norm, so the clip is active
+    trainer = make_trainer(horizon=30, iterations=1, log_every=1, max_norm=max_norm)
+    trainer.forward_backward()
+    raw = np.linalg.norm(trainer.params.grad.numpy().astype(np.float64))
+    assert raw > 10 * max_norm
+    trainer.step(0, log_step=False)
+    row = dict(zip(trainer.columns, trainer.history.numpy()[0], strict=True))
+    assert row["grad/norm_pre"] == pytest.approx(raw, rel=1e-5)
+    coef = max_norm / (raw + 1e-6)  # clip_grad_norm_'s rule, with its 1e-6
+    assert row["grad/clip_coef"] == pytest.approx(coef, rel=1e-5)
+    assert row["grad/norm_post"] == pytest.approx(raw * coef, rel=1e-5)
+    assert row["grad/clipped"] == 1.0
+
+
+def test_short_training_run_lowers_the_loss_and_logs_every_tag(tmp_path):
+    iterations, log_every = 12, 4
+    trainer = make_trainer(horizon=90, world_count=2, iterations=iterations, log_every=log_every)
+    summary = trainer.fit(tmp_path)
+
+    assert summary["final_loss"] < 0.8 * summary["initial_loss"]
+    assert summary["best_loss"] <= summary["final_loss"]
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("final_loss", "best_loss", "iterations", "wall_time_s", "clipped_steps", "nonfinite_steps"):
+        assert key in on_disk
+    assert on_disk["iterations"] == iterations
+
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    per_iteration = [
+        *FIXED_COLUMNS,
+        "loss/pose",
+        "loss/velocity",
+        "loss/effort",
+        "grad/norm_pre/controls",
+    ]
+    for tag in per_iteration:
+        assert tag in tags["scalars"], tag
+        steps = [e.step for e in acc.Scalars(tag)]
+        assert steps == list(range(iterations)), tag
+    log_steps = list(range(log_every - 1, iterations, log_every))
+    for tag in ("perf/iter_ms", "perf/env_steps_per_s", "param/norm", "update/ratio"):
+        assert [e.step for e in acc.Scalars(tag)] == log_steps, tag
+    assert [e.step for e in acc.Histograms("hist/grad/controls")] == log_steps
+
+    # The logged loss curve is the loss the trainer saw, iteration by iteration.
+    losses = [e.value for e in acc.Scalars("loss/total")]
+    assert losses[0] == pytest.approx(summary["initial_loss"])
+    assert losses[-1] < losses[0]
+    # Per-parameter norm of the only parameter equals the global pre-clip norm.
+    glob = [e.value for e in acc.Scalars("grad/norm_pre")]
+    per = [e.value for e in acc.Scalars("grad/norm_pre/controls")]
+    np.testing.assert_allclose(per, glob, rtol=1e-6)
