@@ -9,6 +9,7 @@ a clip policy or a logger.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,13 @@ from harness.params import ParamSet, ParamSpec
 
 Trajectory = dict[str, wp.array]
 """Named observables of one rollout, each a float32 array of shape (steps, worlds, dim)."""
+
+StepHook = Callable[[int, list[wp.array]], None]
+"""Called by a rollout after step ``t`` produced state ``t + 1`` and everything that reads
+that state for the loss was recorded: ``hook(t, arrays)``, where ``arrays`` are the state's
+differentiable arrays as per-world views of shape (world_count, k). Under a tape, a hook
+may record a ``Tape.record_func`` that runs in backward once the adjoint of state
+``t + 1`` is complete and before it flows into step ``t``."""
 
 
 class Env(abc.ABC):
@@ -44,11 +52,15 @@ class Env(abc.ABC):
         """Names of the observables a rollout returns, with their per-world width ``dim``."""
 
     @abc.abstractmethod
-    def rollout(self, params: ParamSet) -> Trajectory:
+    def rollout(self, params: ParamSet, *, after_step: StepHook | None = None) -> Trajectory:
         """Simulate ``horizon`` steps from the initial state using the parameter views.
 
         Every launch is recordable by a :class:`warp.Tape`; call it inside one for
         gradients. The returned arrays are owned by the env and overwritten next call.
+
+        Args:
+            params: The trainable parameters.
+            after_step: Optional :data:`StepHook`, called once per step.
         """
 
     @abc.abstractmethod

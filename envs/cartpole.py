@@ -25,7 +25,7 @@ import newton.examples
 import numpy as np
 import warp as wp
 
-from envs.base import Env, Trajectory, host_rng, zero_array_grads
+from envs.base import Env, StepHook, Trajectory, host_rng, zero_array_grads
 from harness.params import ParamSet, ParamSpec
 
 FEATHERSTONE_SCRATCH = ("M", "J", "P", "H", "L")
@@ -134,7 +134,7 @@ class CartpoleEnv(Env):
     def observables(self) -> dict[str, int]:
         return {"joint_q": self.dofs_per_world, "joint_qd": self.dofs_per_world, "controls": 1}
 
-    def rollout(self, params: ParamSet) -> Trajectory:
+    def rollout(self, params: ParamSet, *, after_step: StepHook | None = None) -> Trajectory:
         controls = params["controls"]
         first = self.states[0]
         wp.copy(first.joint_q, self.initial_joint_q)
@@ -159,11 +159,18 @@ class CartpoleEnv(Env):
                 outputs=[self.joint_q_traj, self.joint_qd_traj],
                 device=self.device,
             )
+            if after_step is not None:
+                after_step(t, self.state_arrays(self.states[t + 1]))
         return {
             "joint_q": self.joint_q_traj,
             "joint_qd": self.joint_qd_traj,
             "controls": controls.reshape((self.horizon, self.world_count, 1)),
         }
+
+    def state_arrays(self, state: newton.State) -> list[wp.array]:
+        """The generalized state Featherstone integrates, as per-world (world_count, dofs) views."""
+        shape = (self.world_count, self.dofs_per_world)
+        return [state.joint_q.reshape(shape), state.joint_qd.reshape(shape)]
 
     def zero_grad(self) -> None:
         for state in self.states:
