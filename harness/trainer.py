@@ -99,6 +99,33 @@ FIXED_COLUMNS = (
 
 
 @dataclasses.dataclass
+class _Tally:
+    """Host-side running totals of a run, fed from the history read-backs."""
+
+    start: float
+    interval_start: float = 0.0
+    losses: list[float] = dataclasses.field(default_factory=list)
+    norms: list[float] = dataclasses.field(default_factory=list)
+    clipped_steps: int = 0
+    nonfinite_steps: int = 0
+    initial_figures: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.interval_start = self.start
+
+    def add(self, rows: np.ndarray) -> None:
+        col = {name: i for i, name in enumerate(FIXED_COLUMNS)}
+        self.losses.extend(float(v) for v in rows[:, col["loss/total"]])
+        self.norms.extend(float(v) for v in rows[:, col["grad/norm_pre"]])
+        self.clipped_steps += int(rows[:, col["grad/clipped"]].sum())
+        self.nonfinite_steps += int((rows[:, col["grad/nonfinite"]] > 0).sum())
+
+    def last(self, what: str) -> float:
+        values = self.losses if what == "loss" else self.norms
+        return values[-1] if values else float("nan")
+
+
+@dataclasses.dataclass
 class Trainer:
     """Owns the parameters, every gradient buffer, and the loop over iterations.
 
@@ -165,10 +192,14 @@ class Trainer:
         total = self.loss(trajectory)
         return float(total.numpy()[0]), self.env.describe(trajectory)
 
-    def step(self, iteration: int, *, log_step: bool) -> dict[str, np.ndarray]:
-        """One full iteration; returns host extras (histograms, ratios) on log steps."""
-        extras: dict[str, Any] = {}
-        self.forward_backward()
+    def step(self, iteration: int, *, log_step: bool) -> dict[str, Any]:
+        """One full iteration.
+
+        Returns:
+            ``trajectory`` (the env's device arrays of this rollout) and, on log steps,
+            ``grad_pre`` (host copies of the pre-clip gradients, for histograms).
+        """
+        extras: dict[str, Any] = {"trajectory": self.forward_backward()}
         t0 = time.perf_counter()
         self.stats_pre.compute(self.params.grad)
         if log_step:
@@ -219,69 +250,66 @@ class Trainer:
         settings = self.settings
         own_log = log is None
         log = log or RunLog(run_dir, total=settings.iterations)
-        start = time.perf_counter()
-        interval_start = start
-        losses: list[float] = []
-        clipped_steps = 0
-        nonfinite_steps = 0
-        initial_figures: dict[str, Any] = {}
+        tally = _Tally(start=time.perf_counter())
         try:
             for it in range(settings.iterations):
-                if it == 0:
-                    _, initial_figures = self.evaluate()
                 row = it % settings.log_every
-                last_in_interval = row == settings.log_every - 1 or it == settings.iterations - 1
-                extras = self.step(it, log_step=last_in_interval)
-                if not last_in_interval:
-                    continue
-                # One read-back per interval: every iteration's scalars since the last one.
-                wp.synchronize_device(self.device)
-                now = time.perf_counter()
-                rows = self.history.numpy()[: row + 1]
-                first_it = it - row
-                for r, values in enumerate(rows):
-                    self.log_scalars(log, first_it + r, values)
-                losses.extend(float(v) for v in rows[:, 0])
-                clipped_steps += int(rows[:, 4].sum())
-                nonfinite_steps += int((rows[:, 6] > 0).sum())
-                iter_s = (now - interval_start) / (row + 1)
-                interval_start = now
-                steps_per_iter = self.env.horizon * self.env.world_count
-                log.scalars(
-                    it,
-                    {
-                        "perf/iter_ms": 1e3 * iter_s,
-                        "perf/env_steps_per_s": steps_per_iter / iter_s,
-                        "param/norm": float(self.stats_param.norm.numpy()[0]),
-                        "update/ratio": float(self.stats_update.norm.numpy()[0])
-                        / max(float(self.stats_param.norm.numpy()[0]), 1e-12),
-                    },
-                )
-                for name, grad in extras["grad_pre"].items():
-                    log.histogram(it, f"hist/grad/{name}", grad)
-                log.flush()
-                log.progress(it + 1, loss=float(rows[-1, 0]), grad_norm=float(rows[-1, 1]), its_per_s=1.0 / iter_s)
+                log_step = row == settings.log_every - 1 or it == settings.iterations - 1
+                extras = self.step(it, log_step=log_step)
+                if it == 0:
+                    tally.initial_figures = self.env.describe(extras["trajectory"])
+                if log_step:
+                    self._flush_interval(log, it, extras, tally)
+                elif log.interactive:  # redraw count and rate; loss and norm are from the last read-back
+                    rate = (row + 1) / max(time.perf_counter() - tally.interval_start, 1e-9)
+                    log.progress(it + 1, loss=tally.last("loss"), grad_norm=tally.last("norm"), its_per_s=rate)
             final_loss, final_figures = self.evaluate()
         finally:
             if own_log:
                 log.close()
-        wall = time.perf_counter() - start
+        losses = tally.losses
         summary = {
             "env": self.env.name,
             "iterations": settings.iterations,
-            "initial_loss": losses[0] if losses else None,
+            "initial_loss": losses[0],
             "final_loss": final_loss,
             "best_loss": min([*losses, final_loss]),
-            "loss_reduction": (1.0 - final_loss / losses[0]) if losses and losses[0] else None,
-            "wall_time_s": wall,
-            "clipped_steps": clipped_steps,
-            "nonfinite_steps": nonfinite_steps,
+            "loss_reduction": 1.0 - final_loss / losses[0] if losses[0] else None,
+            "wall_time_s": time.perf_counter() - tally.start,
+            "clipped_steps": tally.clipped_steps,
+            "nonfinite_steps": tally.nonfinite_steps,
             "timing_s": dict(self.timing),
-            "initial": initial_figures,
+            "initial": tally.initial_figures,
             "final": final_figures,
         }
         write_json(run_dir / "summary.json", summary)
         return summary
+
+    def _flush_interval(self, log: RunLog, it: int, extras: dict[str, Any], tally: _Tally) -> None:
+        """The one read-back per interval: every iteration's scalars since the last flush."""
+        wp.synchronize_device(self.device)
+        now = time.perf_counter()
+        row = it % self.settings.log_every
+        rows = self.history.numpy()[: row + 1]
+        for r, values in enumerate(rows):
+            self.log_scalars(log, it - row + r, values)
+        tally.add(rows)
+        iter_s = (now - tally.interval_start) / (row + 1)
+        tally.interval_start = now
+        param_norm = float(self.stats_param.norm.numpy()[0])
+        log.scalars(
+            it,
+            {
+                "perf/iter_ms": 1e3 * iter_s,
+                "perf/env_steps_per_s": self.env.horizon * self.env.world_count / iter_s,
+                "param/norm": param_norm,
+                "update/ratio": float(self.stats_update.norm.numpy()[0]) / max(param_norm, 1e-12),
+            },
+        )
+        for name, grad in extras["grad_pre"].items():
+            log.histogram(it, f"hist/grad/{name}", grad)
+        log.flush()
+        log.progress(it + 1, loss=tally.last("loss"), grad_norm=tally.last("norm"), its_per_s=1.0 / iter_s)
 
     def log_scalars(self, log: RunLog, step: int, values: np.ndarray) -> None:
         log.scalars(step, dict(zip(self.columns, (float(v) for v in values), strict=True)))

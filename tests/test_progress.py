@@ -1,0 +1,51 @@
+"""The progress line redraws in place on a real terminal (a pseudo-terminal here)."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_progress_line_is_redrawn_in_place_on_a_terminal(tmp_path):
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "train",
+            "+env=cartpole",
+            "env.horizon=8",
+            "env.world_count=1",
+            "iterations=6",
+            "log_every=3",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.DEVNULL,
+        stdout=follower,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=300) == 0
+    os.close(leader)
+    out = b"".join(chunks).decode(errors="replace")
+    redraws = [part for part in out.split("\r") if part.startswith("[")]
+    # One redraw per iteration (6), each starting with the iteration counter.
+    counters = [part.split("]")[0] for part in redraws]
+    assert counters == [f"[{i}/6" for i in range(1, 7)]
