@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: train test test-slow gradcheck lint tensorboard clean
+.PHONY: train test test-slow gradcheck sweep lint tensorboard clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,11 +29,16 @@ test-slow: $(TEST_STAMP)   ## the slow tests only (full default training run, lo
 gradcheck: $(STAMP)
 	$(PY) -m harness gradcheck +env=cartpole env.horizon=120
 
+sweep: $(STAMP)            ## the preset clip-threshold sweep (configs/experiment/cartpole_clip_sweep.yaml)
+	$(PY) -m harness train -m +experiment=cartpole_clip_sweep $(ARGS)
+	$(PY) -m harness report $$(ls -d multirun/cartpole_clip_sweep/* | tail -n 1)
+
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-tensorboard: $(STAMP)
-	$(VENV)/bin/tensorboard --logdir outputs/ --host 127.0.0.1
+tensorboard: $(STAMP)      ## serve outputs/ and multirun/ on http://127.0.0.1:6006
+	mkdir -p outputs multirun
+	$(VENV)/bin/tensorboard --logdir_spec outputs:outputs,multirun:multirun --host 127.0.0.1 --port 6006
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

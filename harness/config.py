@@ -1,6 +1,6 @@
 """Turns a composed Hydra config into typed objects, and rejects bad input early.
 
-Hydra lives only here and in ``__main__``: everything below ``train(...)`` receives
+Hydra lives only here, in :mod:`harness.cli` and in :mod:`harness.sweep`: everything below ``train(...)`` receives
 plain Python objects (an :class:`~envs.base.Env`, a :class:`~harness.losses.WeightedLoss`,
 an :class:`~harness.optim.Optimizer`, a :class:`~harness.clip.ClipPolicy`,
 :class:`~harness.trainer.TrainSettings`). Every error is a :class:`ConfigError` whose
@@ -10,10 +10,12 @@ message is one line naming the field and what is accepted.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -93,6 +95,44 @@ def build_run(cfg: DictConfig) -> Run:
     loss = _instantiate(cfg, "loss")
     env = _instantiate(cfg, "env", device=settings.device)
     return Run(env=env, loss=loss, optimizer=optimizer, clip=clip, settings=settings)
+
+
+HPARAM_KEYS = (
+    "env.horizon",
+    "env.world_count",
+    "clip.max_norm",
+    "clip.clip_value",
+    "optim.lr",
+    "iterations",
+    "seed",
+)
+"""Config values recorded as hyperparameters of every run (when the config has them)."""
+
+
+def hparams(cfg: DictConfig, hydra_cfg: Any) -> dict[str, bool | int | float | str]:
+    """The run's hyperparameters for TensorBoard's HParams dashboard.
+
+    The chosen option of each config group (``env``, ``clip``, ``optim``, ``loss``), the
+    values in :data:`HPARAM_KEYS`, and every key overridden on the command line (so a
+    sweep's swept values are always there).
+    """
+    values: dict[str, bool | int | float | str] = {}
+    for group in ("env", "loss", "optim", "clip"):
+        choice = hydra_cfg.runtime.choices.get(group)
+        if choice is not None:
+            values[group] = str(choice)
+    keys = list(HPARAM_KEYS)
+    for override in OverridesParser.create().parse_overrides(list(hydra_cfg.overrides.task)):
+        key = override.key_or_group
+        if "/" not in key and key not in values and key not in keys:
+            keys.append(key)
+    for key in keys:
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, float) and not math.isfinite(value):
+            value = str(value)  # HParams stores numbers as finite doubles; "inf" stays readable
+        if isinstance(value, bool | int | float | str):
+            values[key] = value
+    return values
 
 
 def resolved_yaml(cfg: DictConfig) -> str:

@@ -14,6 +14,7 @@ from typing import TextIO
 
 import numpy as np
 from tensorboardX import SummaryWriter
+from tensorboardX.summary import hparams as hparams_summaries
 
 
 class RunLog:
@@ -45,6 +46,20 @@ class RunLog:
         flat = flat[np.isfinite(flat)]
         if flat.size:
             self.writer.add_histogram(tag, flat, global_step=step, bins="auto")
+
+    def hparams(self, values: dict[str, bool | int | float | str], metrics: dict[str, float]) -> None:
+        """Record the run's hyperparameters and final metrics for the HParams dashboard.
+
+        The experiment, session-start and session-end summaries go into this run's own
+        event file (not a sub-folder), followed by one scalar per metric tag, so every run
+        of a sweep is one row of the HParams table.
+        """
+        experiment, start, end = hparams_summaries(values, {tag: 0.0 for tag in metrics})
+        file_writer = self.writer._get_file_writer()
+        for summary in (experiment, start, end):
+            file_writer.add_summary(summary)
+        self.scalars(0, metrics)
+        self.writer.flush()
 
     def flush(self) -> None:
         self.writer.flush()

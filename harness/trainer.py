@@ -239,8 +239,20 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------
 
-    def fit(self, run_dir: str | Path, *, log: RunLog | None = None) -> dict[str, Any]:
+    def fit(
+        self,
+        run_dir: str | Path,
+        *,
+        log: RunLog | None = None,
+        hparams: dict[str, bool | int | float | str] | None = None,
+    ) -> dict[str, Any]:
         """Train for ``settings.iterations`` and write TensorBoard events and summary.json.
+
+        Args:
+            run_dir: Output folder of the run.
+            log: Where events and progress go; a RunLog into ``run_dir`` by default.
+            hparams: Hyperparameters to record with the final metrics for TensorBoard's
+                HParams dashboard (one row per run of a sweep).
 
         Returns:
             The summary (also written to ``run_dir/summary.json``).
@@ -264,13 +276,30 @@ class Trainer:
                     rate = (row + 1) / max(time.perf_counter() - tally.interval_start, 1e-9)
                     log.progress(it + 1, loss=tally.last("loss"), grad_norm=tally.last("norm"), its_per_s=rate)
             final_loss, final_figures = self.evaluate()
+            summary = self._summary(tally, final_loss, final_figures)
+            if hparams is not None:
+                log.hparams(
+                    hparams,
+                    {
+                        "hparams/final_loss": summary["final_loss"],
+                        "hparams/best_loss": summary["best_loss"],
+                        "hparams/clipped_fraction": summary["clipped_steps"] / settings.iterations,
+                        "hparams/nonfinite_steps": summary["nonfinite_steps"],
+                        "hparams/wall_time_s": summary["wall_time_s"],
+                    },
+                )
         finally:
             if own_log:
                 log.close()
+        write_json(run_dir / "summary.json", summary)
+        return summary
+
+    def _summary(self, tally: _Tally, final_loss: float, final_figures: dict[str, Any]) -> dict[str, Any]:
         losses = tally.losses
-        summary = {
+        return {
+            "status": "finished",
             "env": self.env.name,
-            "iterations": settings.iterations,
+            "iterations": self.settings.iterations,
             "initial_loss": losses[0],
             "final_loss": final_loss,
             "best_loss": min([*losses, final_loss]),
@@ -282,8 +311,6 @@ class Trainer:
             "initial": tally.initial_figures,
             "final": final_figures,
         }
-        write_json(run_dir / "summary.json", summary)
-        return summary
 
     def _flush_interval(self, log: RunLog, it: int, extras: dict[str, Any], tally: _Tally) -> None:
         """The one read-back per interval: every iteration's scalars since the last flush."""

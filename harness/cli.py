@@ -1,0 +1,158 @@
+"""Command line: ``python -m harness COMMAND [hydra overrides]``.
+
+The commands live in this importable module rather than in ``__main__`` so that launcher
+worker processes (joblib, submitit) import them by name instead of receiving pickled copies.
+
+Commands:
+    train       train with ``configs/train.yaml`` (``+env=NAME`` picks the simulation)
+    gradcheck   compare tape gradients with central finite differences
+    report      summarise a multirun sweep folder (table, CSV, PNG)
+
+Hydra lives only here and in :mod:`harness.config`; the commands below turn the composed
+config into typed objects and call plain functions.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig
+
+from harness import config
+
+# Our launcher presets share their names with the plugins' structured configs on purpose
+# (`hydra/launcher=joblib`); Hydra 1.3 warns about the name match. Set at import time so
+# that launcher worker processes, which import this module, inherit it.
+warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema")
+
+USAGE = """usage: python -m harness COMMAND [overrides...]
+
+commands:
+  train       train a simulation:       python -m harness train +env=cartpole [key=value ...]
+  gradcheck   tape vs finite diff:      python -m harness gradcheck +env=cartpole env.horizon=120
+  report      summarise a sweep:        python -m harness report multirun/<sweep>
+
+Overrides are Hydra's: optim.lr=0.05 clip.max_norm=1 iterations=50 device=cpu seed=3;
+-m sweeps, e.g. -m clip.max_norm=0.1,1,10.
+"""
+
+
+def _fail(exc: Exception) -> None:
+    print(f"error: {exc}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _run_dir() -> Path:
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+@hydra.main(version_base="1.3", config_path=str(config.CONFIG_DIR), config_name="train")
+def train_command(cfg: DictConfig) -> None:
+    """Train and write TensorBoard events, the resolved config and summary.json."""
+    try:
+        run = config.build_run(cfg)
+    except config.ConfigError as exc:
+        if HydraConfig.get().mode.name == "MULTIRUN":  # the sweep's job folder records why
+            from harness.trainer import write_json
+
+            write_json(_run_dir() / "summary.json", {"status": "failed", "error": str(exc)})
+        _fail(exc)
+    from harness.trainer import Trainer, write_json
+
+    run_dir = _run_dir()
+    (run_dir / "config.yaml").write_text(config.resolved_yaml(cfg))
+    trainer = Trainer(run.env, run.loss, run.optimizer, run.clip, run.settings)
+    print(f"run folder: {run_dir}", flush=True)
+    try:
+        summary = trainer.fit(run_dir, hparams=config.hparams(cfg, HydraConfig.get()))
+    except Exception as exc:
+        write_json(run_dir / "summary.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        raise
+    reduction = summary["loss_reduction"]
+    print(
+        f"done: loss {summary['initial_loss']:.6g} -> {summary['final_loss']:.6g}"
+        + (f" ({100 * reduction:.1f}% lower)" if reduction is not None else "")
+        + f", {summary['clipped_steps']} clipped steps, {summary['wall_time_s']:.1f} s",
+        flush=True,
+    )
+
+
+@hydra.main(version_base="1.3", config_path=str(config.CONFIG_DIR), config_name="gradcheck")
+def gradcheck_command(cfg: DictConfig) -> None:
+    """Print the gradient comparison; exit 1 when the worst error exceeds the tolerance."""
+    try:
+        run = config.build_run(cfg)
+    except config.ConfigError as exc:
+        _fail(exc)
+    from harness.gradcheck import check_gradients
+
+    gc = cfg.gradcheck
+    result, params = check_gradients(
+        run.env,
+        run.loss,
+        samples=int(gc.samples),
+        eps=float(gc.eps),
+        tolerance=float(gc.tolerance),
+        atol_fraction=float(gc.atol_fraction),
+        seed=int(gc.seed),
+        device=run.settings.device,
+    )
+    print(result.table(params))
+    verdict = "ok" if result.passed else "FAILED"
+    print(f"worst relative error {result.worst:.3e} (tolerance {result.tolerance:g}): {verdict}", flush=True)
+    if not result.passed:
+        sys.exit(1)
+
+
+def report_command() -> None:
+    """``report SWEEP_DIR``: table sorted by final loss, CSV and PNG in the sweep folder."""
+    from harness.report import ReportError, report_sweep
+
+    args = sys.argv[1:]
+    if len(args) != 1 or args[0].startswith("-"):
+        _fail(ValueError("report: expects one argument, the sweep folder (e.g. multirun/2026-11-22_10-00-00)"))
+    try:
+        print(report_sweep(Path(args[0])))
+    except ReportError as exc:
+        _fail(exc)
+
+
+COMMANDS = {"train": train_command, "gradcheck": gradcheck_command, "report": report_command}
+
+
+def sweep_dirname_overrides(args: list[str]) -> list[str]:
+    """In a multirun, name job folders by the swept overrides only.
+
+    Hydra names a job folder by every command-line override; the ones that are the same
+    for all jobs (``+env=cartpole iterations=50``) only make the names long. Returns an
+    override adding those keys to ``hydra.job.config.override_dirname.exclude_keys``.
+    """
+    if not any(a in ("-m", "--multirun") for a in args):
+        return []
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+    except Exception:  # Hydra reports malformed overrides itself
+        return []
+    fixed = [o.key_or_group for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
+    if not fixed or not any(o.is_sweep_override() for o in parsed):
+        return []
+    keys = ["hydra.run.dir", "hydra.sweep.dir", *fixed]
+    return ["hydra.job.config.override_dirname.exclude_keys=[" + ",".join(f"'{k}'" for k in keys) + "]"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"error: command: '{command}' is not one of {', '.join(COMMANDS)}", file=sys.stderr)
+        sys.exit(2)
+    sys.argv = [f"harness {command}", *rest, *sweep_dirname_overrides(rest)]
+    COMMANDS[command]()

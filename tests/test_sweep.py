@@ -1,0 +1,249 @@
+"""Sweeps as a user runs them: real Hydra multiruns with real launchers, the HParams
+records read back with TensorBoard's own reader, the report, and a real TensorBoard server."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "iterations=4", "log_every=2"]
+
+
+def harness(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def joblib_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """Two thresholds, joblib launcher with two worker processes."""
+    root = tmp_path_factory.mktemp("sweep")
+    sweep = root / "sweep"
+    proc = harness(
+        "train",
+        "-m",
+        *TINY,
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "clip.max_norm=0.5,2",
+        f"hydra.sweep.dir={sweep}",
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return sweep, proc
+
+
+def hparams_of(run: Path) -> tuple[dict, dict]:
+    """(hyperparameters, metrics) of one run, from TensorBoard's own event reader."""
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    values = {}
+    for key, value in start.session_start_info.hparams.items():
+        kind = value.WhichOneof("kind")
+        values[key] = getattr(value, kind)
+    metrics = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("hparams/")}
+    return values, metrics
+
+
+def test_joblib_multirun_names_job_folders_by_the_swept_value(joblib_sweep):
+    sweep, proc = joblib_sweep
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert jobs == ["clip.max_norm=0.5", "clip.max_norm=2"]
+    for job in jobs:
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["status"] == "finished"
+        assert (sweep / job / "config.yaml").exists()
+    assert "schema with the same name" not in proc.stderr
+
+
+def test_every_job_carries_its_hparams_and_metrics(joblib_sweep):
+    sweep, _ = joblib_sweep
+    for value in (0.5, 2.0):
+        run = sweep / f"clip.max_norm={value:g}"
+        hparams, metrics = hparams_of(run)
+        assert hparams["clip.max_norm"] == value
+        assert hparams["clip"] == "norm" and hparams["optim"] == "adam" and hparams["env"] == "cartpole"
+        assert hparams["env.horizon"] == 10 and hparams["seed"] == 0 and hparams["optim.lr"] == 0.5
+        summary = json.loads((run / "summary.json").read_text())
+        assert metrics["hparams/final_loss"] == pytest.approx(summary["final_loss"])
+        assert metrics["hparams/best_loss"] == pytest.approx(summary["best_loss"])
+        assert metrics["hparams/clipped_fraction"] == pytest.approx(summary["clipped_steps"] / 4)
+        assert set(metrics) == {
+            "hparams/final_loss",
+            "hparams/best_loss",
+            "hparams/clipped_fraction",
+            "hparams/nonfinite_steps",
+            "hparams/wall_time_s",
+        }
+
+
+def test_report_writes_a_sorted_table_csv_and_png(joblib_sweep, tmp_path):
+    sweep, _ = joblib_sweep
+    proc = harness("report", str(sweep), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:2] == ["clip.max_norm", "final_loss"]
+    finals = [float(line.split()[1]) for line in lines[1:3]]
+    assert finals == sorted(finals)
+    with open(sweep / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["clip.max_norm"] for r in rows) == ["0.5", "2"]
+    assert all(r["status"] == "finished" for r in rows)
+    png = (sweep / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width > 600 and height > 300
+
+
+def test_report_marks_failed_and_unfinished_jobs(joblib_sweep, tmp_path):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(joblib_sweep[0], sweep)
+    # A job that fails: a negative threshold is rejected by the clip policy.
+    failed = harness("train", "-m", *TINY, "clip.max_norm=-1,3", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert failed.returncode != 0
+    # A job that never finishes: killed with SIGKILL once it has logged a few iterations.
+    long_args = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "iterations=100000", "log_every=1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "train", "-m", *long_args, "clip.max_norm=7,8", f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    job = sweep / "clip.max_norm=7"
+    deadline = time.monotonic() + 240
+    while not list(job.glob("events.out.tfevents.*")) or not (job / "config.yaml").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.5)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (job / "summary.json").exists()
+
+    out = harness("report", str(sweep), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    status = {line.split()[0]: line for line in out.stdout.splitlines()[1:] if line[:1].isdigit() or line[:1] == "-"}
+    assert "finished" in status["0.5"] and "finished" in status["2"]
+    assert "failed" in status["-1"] and "clip.max_norm" in status["-1"]
+    assert "unfinished" in status["7"]
+    order = [line.split()[0] for line in out.stdout.splitlines()[1:5]]
+    assert order[-2:] == ["7", "-1"]  # finished rows first, then unfinished, then failed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_tensorboard_server_serves_the_sweep_runs_and_scalars(joblib_sweep):
+    sweep, _ = joblib_sweep
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "tensorboard"),
+            "--logdir",
+            str(sweep),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast",
+            "false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        runs = []
+        while sorted(runs) != ["clip.max_norm=0.5", "clip.max_norm=2"]:
+            assert time.monotonic() < deadline, runs
+            assert server.poll() is None
+            try:
+                runs = get_json(f"{base}/data/runs")
+            except OSError:
+                pass
+            time.sleep(0.5)
+        query = urllib.parse.urlencode({"run": "clip.max_norm=2", "tag": "loss/total"})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                points = get_json(f"{base}/data/plugin/scalars/scalars?{query}")
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+        assert [step for _, step, _ in points] == [0, 1, 2, 3]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_submitit_local_launcher_runs_one_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = harness(
+        "train",
+        "-m",
+        *TINY,
+        "hydra/launcher=submitit_local",
+        "clip.max_norm=1",
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summaries = list(sweep.rglob("summary.json"))
+    assert len(summaries) == 1
+    assert json.loads(summaries[0].read_text())["status"] == "finished"
+    assert list(sweep.glob(".submitit/*"))  # submitit's own job folder: it really went through submitit
+
+
+def test_parallel_jobs_share_a_cold_kernel_cache_compiled_once_before_launch(tmp_path):
+    """A fresh WARP_CACHE_PATH: the warm-up callback compiles in the launching process;
+    both parallel jobs then only load cached modules, Featherstone's included."""
+    cache = tmp_path / "warp-cache"
+    proc = harness(
+        "train",
+        "-m",
+        *TINY,
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "clip.max_norm=1,2",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+        env={"WARP_CACHE_PATH": str(cache), "HARNESS_WARP_LOG_LEVEL": "info"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = (proc.stdout + proc.stderr).splitlines()
+    launch = next(i for i, line in enumerate(lines) if "Launching jobs" in line)
+    before, after = lines[:launch], lines[launch:]
+    assert any("featherstone" in line and "(compiled)" in line for line in before)
+    assert not [line for line in after if "(compiled)" in line]
+    featherstone_loads = [line for line in after if "featherstone" in line and "(cached)" in line]
+    assert len(featherstone_loads) >= 2  # once in each job
+    assert len(list(cache.rglob("*featherstone*"))) >= 1
