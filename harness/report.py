@@ -23,7 +23,6 @@ from pathlib import Path
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-
 DIVERGED_FACTOR = 2.0
 """A finished job whose final loss exceeds this multiple of its initial loss diverged."""
 
