@@ -52,8 +52,12 @@ def _run_dir() -> Path:
 
 
 @hydra.main(version_base="1.3", config_path=str(config.CONFIG_DIR), config_name="train")
-def train_command(cfg: DictConfig) -> None:
-    """Train and write TensorBoard events, the resolved config and summary.json."""
+def train_command(cfg: DictConfig) -> float:
+    """Train and write TensorBoard events, the resolved config and summary.json.
+
+    Returns:
+        The final loss: the objective a Hydra sweeper (e.g. Optuna) minimises.
+    """
     try:
         run = config.build_run(cfg)
     except config.ConfigError as exc:
@@ -80,6 +84,7 @@ def train_command(cfg: DictConfig) -> None:
         + f", {summary['clipped_steps']} clipped steps, {summary['wall_time_s']:.1f} s",
         flush=True,
     )
+    return summary["final_loss"]
 
 
 @hydra.main(version_base="1.3", config_path=str(config.CONFIG_DIR), config_name="gradcheck")
@@ -126,11 +131,13 @@ COMMANDS = {"train": train_command, "gradcheck": gradcheck_command, "report": re
 
 
 def sweep_dirname_overrides(args: list[str]) -> list[str]:
-    """In a multirun, name job folders by the swept overrides only.
+    """In a multirun, name job folders by the swept values only.
 
-    Hydra names a job folder by every command-line override; the ones that are the same
-    for all jobs (``+env=cartpole iterations=50``) only make the names long. Returns an
-    override adding those keys to ``hydra.job.config.override_dirname.exclude_keys``.
+    Hydra names a job folder by every override of the job; the command-line ones that are
+    the same for all jobs (``+env=cartpole iterations=50``) only make the names long.
+    Returns an override adding those keys to ``hydra.job.config.override_dirname.exclude_keys``;
+    what stays are the command-line sweeps and the sweeper's own parameters (an
+    experiment's ``hydra.sweeper.params``, Optuna's search space).
     """
     if not any(a in ("-m", "--multirun") for a in args):
         return []
@@ -139,7 +146,7 @@ def sweep_dirname_overrides(args: list[str]) -> list[str]:
     except Exception:  # Hydra reports malformed overrides itself
         return []
     fixed = [o.key_or_group for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
-    if not fixed or not any(o.is_sweep_override() for o in parsed):
+    if not fixed:
         return []
     keys = ["hydra.run.dir", "hydra.sweep.dir", *fixed]
     return ["hydra.job.config.override_dirname.exclude_keys=[" + ",".join(f"'{k}'" for k in keys) + "]"]
