@@ -21,11 +21,12 @@ Trajectory = dict[str, wp.array]
 """Named observables of one rollout, each a float32 array of shape (steps, worlds, dim)."""
 
 StepHook = Callable[[int, list[wp.array]], None]
-"""Called by a rollout after step ``t`` produced state ``t + 1`` and everything that reads
-that state for the loss was recorded: ``hook(t, arrays)``, where ``arrays`` are the state's
-differentiable arrays as per-world views of shape (world_count, k). Under a tape, a hook
-may record a ``Tape.record_func`` that runs in backward once the adjoint of state
-``t + 1`` is complete and before it flows into step ``t``."""
+"""Called by a rollout right after step ``t`` produced state ``t + 1``, before anything
+reads that state (the loss recording, step ``t + 1``): ``hook(t, arrays)``, where
+``arrays`` are the state's differentiable arrays as per-world views of shape
+(world_count, k). Backward replays the tape in reverse, so a ``Tape.record_func``
+recorded by the hook runs once the adjoint of state ``t + 1`` is complete (every later
+use, the loss term included, has added to it) and before it flows into step ``t``."""
 
 
 class Env(abc.ABC):
@@ -42,6 +43,15 @@ class Env(abc.ABC):
     world_count: int
     horizon: int
     dt: float
+
+    @classmethod  # noqa: B027  (an optional hook: no checks by default)
+    def check_config(cls, **fields: Any) -> None:
+        """Validate constructor arguments without building anything (no kernels, no files).
+
+        Raises:
+            ValueError: one line naming the field as ``env.<field>`` and what is accepted.
+            TypeError: for an unknown field.
+        """
 
     @abc.abstractmethod
     def parameter_specs(self) -> list[ParamSpec]:
@@ -84,6 +94,21 @@ def zero_array_grads(obj: object) -> int:
             value.grad.zero_()
             count += 1
     return count
+
+
+def require_int(field: str, value: Any, minimum: int) -> None:
+    """Raise a one-line ValueError unless ``value`` is an integer >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise ValueError(f"env.{field}: must be an integer >= {minimum}, got {value!r}")
+
+
+def require_number(field: str, value: Any, *, minimum: float, strict: bool = False) -> None:
+    """Raise a one-line ValueError unless ``value`` is a finite number >= (or >) ``minimum``."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
+    ok = ok and (value > minimum if strict else value >= minimum)
+    if not ok:
+        relation = ">" if strict else ">="
+        raise ValueError(f"env.{field}: must be a finite number {relation} {minimum:g}, got {value!r}")
 
 
 def host_rng(seed: int) -> np.random.Generator:

@@ -25,7 +25,7 @@ import newton.examples
 import numpy as np
 import warp as wp
 
-from envs.base import Env, StepHook, Trajectory, host_rng, zero_array_grads
+from envs.base import Env, StepHook, Trajectory, host_rng, require_int, require_number, zero_array_grads
 from harness.params import ParamSet, ParamSpec
 
 FEATHERSTONE_SCRATCH = ("M", "J", "P", "H", "L")
@@ -90,6 +90,15 @@ class CartpoleEnv(Env):
         angular_damping: float = 0.05,
         device: wp.context.Devicelike = None,
     ):
+        self.check_config(
+            horizon=horizon,
+            world_count=world_count,
+            dt=dt,
+            tilt=tilt,
+            seed=seed,
+            per_step_scratch=per_step_scratch,
+            angular_damping=angular_damping,
+        )
         self.horizon = int(horizon)
         self.world_count = int(world_count)
         self.dt = float(dt)
@@ -128,6 +137,27 @@ class CartpoleEnv(Env):
         self.joint_q_traj = wp.zeros(shape, dtype=wp.float32, device=self.device, requires_grad=True)
         self.joint_qd_traj = wp.zeros(shape, dtype=wp.float32, device=self.device, requires_grad=True)
 
+    @classmethod
+    def check_config(
+        cls,
+        *,
+        horizon: int = 240,
+        world_count: int = 4,
+        dt: float = 1.0 / 240.0,
+        tilt: float = 0.2,
+        seed: int = 0,
+        per_step_scratch: bool = True,
+        angular_damping: float = 0.05,
+    ) -> None:
+        require_int("horizon", horizon, 1)
+        require_int("world_count", world_count, 1)
+        require_number("dt", dt, minimum=0.0, strict=True)
+        require_number("tilt", tilt, minimum=0.0)
+        require_int("seed", seed, 0)
+        require_number("angular_damping", angular_damping, minimum=0.0)
+        if not isinstance(per_step_scratch, bool):
+            raise ValueError(f"env.per_step_scratch: must be true or false, got {per_step_scratch!r}")
+
     def parameter_specs(self) -> list[ParamSpec]:
         return [ParamSpec("controls", (self.horizon, self.world_count))]
 
@@ -152,6 +182,8 @@ class CartpoleEnv(Env):
             )
             self.states[t].clear_forces()
             self.solver.step(self.states[t], self.states[t + 1], self.controls[t], None, self.dt)
+            if after_step is not None:  # before the loss reads state t + 1: see StepHook
+                after_step(t, self.state_arrays(self.states[t + 1]))
             wp.launch(
                 _record_state,
                 dim=(self.world_count, self.dofs_per_world),
@@ -159,8 +191,6 @@ class CartpoleEnv(Env):
                 outputs=[self.joint_q_traj, self.joint_qd_traj],
                 device=self.device,
             )
-            if after_step is not None:
-                after_step(t, self.state_arrays(self.states[t + 1]))
         return {
             "joint_q": self.joint_q_traj,
             "joint_qd": self.joint_qd_traj,

@@ -53,27 +53,50 @@ def _run_dir() -> Path:
 
 @hydra.main(version_base="1.3", config_path=str(config.CONFIG_DIR), config_name="train")
 def train_command(cfg: DictConfig) -> float:
-    """Train and write TensorBoard events, the resolved config and summary.json.
+    """Train and write TensorBoard events, the resolved config, checkpoints and summary.json.
 
     Returns:
         The final loss: the objective a Hydra sweeper (e.g. Optuna) minimises.
     """
-    try:
-        run = config.build_run(cfg)
-    except config.ConfigError as exc:
-        if HydraConfig.get().mode.name == "MULTIRUN":  # the sweep's job folder records why
-            from harness.trainer import write_json
+    from harness import checkpoint
+    from harness.clip import NonFiniteGradientError
+    from harness.trainer import Trainer, TrainingInterrupted, write_json
 
+    hydra_cfg = HydraConfig.get()
+    try:
+        run = config.build_run(cfg, hydra_cfg.runtime.choices)
+    except config.ConfigError as exc:
+        if hydra_cfg.mode.name == "MULTIRUN":  # the sweep's job folder records why
             write_json(_run_dir() / "summary.json", {"status": "failed", "error": str(exc)})
         _fail(exc)
-    from harness.trainer import Trainer, write_json
-
     run_dir = _run_dir()
-    (run_dir / "config.yaml").write_text(config.resolved_yaml(cfg))
-    trainer = Trainer(run.env, run.loss, run.optimizer, run.clip, run.settings)
+    resume = run.settings.resume
+    if resume not in (None, "auto"):  # continue in the folder the checkpoint belongs to
+        target = Path(resume)
+        run_dir = target if target.is_dir() else target.parent.parent
+        print(f"resuming from {resume}; writing into {run_dir}", flush=True)
+    if not (run_dir / "config.yaml").exists():
+        (run_dir / "config.yaml").write_text(config.resolved_yaml(cfg))
+    trainer = Trainer(run.env, run.loss, run.optimizer, run.clip, run.settings, schedule=run.schedule)
     print(f"run folder: {run_dir}", flush=True)
     try:
-        summary = trainer.fit(run_dir, hparams=config.hparams(cfg, HydraConfig.get()))
+        summary = trainer.fit(
+            run_dir, hparams=config.hparams(cfg, hydra_cfg), meta={"config": config.resolved_yaml(cfg)}
+        )
+    except TrainingInterrupted as exc:
+        print(
+            f"{exc}; summary.json written; continue with: python -m harness train <same overrides> "
+            f"resume=auto hydra.run.dir={run_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(128 + exc.signum)
+    except (NonFiniteGradientError, checkpoint.CheckpointError) as exc:
+        write_json(run_dir / "summary.json", {"status": "failed", "error": str(exc)})
+        saved = checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))
+        last = f"; last good checkpoint: {saved[-1]}" if saved and isinstance(exc, NonFiniteGradientError) else ""
+        print(f"error: {exc}{last}", file=sys.stderr, flush=True)
+        sys.exit(1 if isinstance(exc, NonFiniteGradientError) else 2)
     except Exception as exc:
         write_json(run_dir / "summary.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
         raise
@@ -91,7 +114,7 @@ def train_command(cfg: DictConfig) -> float:
 def gradcheck_command(cfg: DictConfig) -> None:
     """Print the gradient comparison; exit 1 when the worst error exceeds the tolerance."""
     try:
-        run = config.build_run(cfg)
+        run = config.build_run(cfg, HydraConfig.get().runtime.choices)
     except config.ConfigError as exc:
         _fail(exc)
     from harness.gradcheck import check_gradients
@@ -128,6 +151,8 @@ def report_command() -> None:
 
 
 COMMANDS = {"train": train_command, "gradcheck": gradcheck_command, "report": report_command}
+CONFIG_NAMES = {"train": "train", "gradcheck": "gradcheck"}
+"""Commands whose command line is validated (no folder created) before Hydra runs."""
 
 
 def sweep_dirname_overrides(args: list[str]) -> list[str]:
@@ -161,5 +186,10 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         print(f"error: command: '{command}' is not one of {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
+    if command in CONFIG_NAMES:
+        try:
+            config.precheck(CONFIG_NAMES[command], rest)
+        except config.ConfigError as exc:
+            _fail(exc)
     sys.argv = [f"harness {command}", *rest, *sweep_dirname_overrides(rest)]
     COMMANDS[command]()

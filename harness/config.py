@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 """The repository's ``configs/`` folder (the project is installed in editable mode)."""
+
+
+GROUPS = ("env", "loss", "optim", "clip", "schedule")
+"""Config groups that select a typed object."""
 
 
 class ConfigError(ValueError):
@@ -47,13 +53,14 @@ class Run:
     loss: Any
     optimizer: Any
     clip: Any
+    schedule: Any
     settings: Any
 
 
-def _check_int(cfg: DictConfig, field: str, minimum: int) -> int:
+def _check_int(cfg: Mapping[str, Any], field: str, minimum: int, *, prefix: str = "") -> int:
     value = cfg.get(field)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{field}: must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"{prefix}{field}: must be an integer >= {minimum}, got {value!r}")
     return value
 
 
@@ -69,32 +76,186 @@ def check_device(name: str | None) -> str | None:
     return str(name)
 
 
+def _check_types(value: Any, default: Any, field: str) -> None:
+    """A value whose option file default is a number (bool) must be a number (bool) too."""
+    if isinstance(default, dict) and isinstance(value, dict):
+        for key, sub in value.items():
+            if key in default:
+                _check_types(sub, default[key], f"{field}.{key}")
+        return
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{field}: expected true or false, got {value!r}")
+    elif isinstance(default, int | float) and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ConfigError(f"{field}: expected a number, got {value!r}")
+
+
+def check_group_types(cfg: DictConfig, choices: Mapping[str, Any]) -> None:
+    """Compare every group's values with the types of its option file's defaults."""
+    for group in GROUPS:
+        choice = choices.get(group)
+        option = CONFIG_DIR / group / f"{choice}.yaml"
+        if group not in cfg or cfg[group] is None or choice is None or not option.exists():
+            continue
+        default = OmegaConf.to_container(OmegaConf.load(option), resolve=False)
+        value = OmegaConf.to_container(cfg[group], resolve=True)
+        _check_types(value, default, group)
+
+
 def _instantiate(cfg: DictConfig, group: str, **kwargs: Any) -> Any:
     try:
         return hydra.utils.instantiate(cfg[group], _convert_="all", **kwargs)
     except hydra.errors.InstantiationException as exc:
         cause = exc.__cause__
         if isinstance(cause, ValueError):
-            raise ConfigError(str(cause)) from None
+            raise ConfigError(str(cause).splitlines()[0]) from None
         raise ConfigError(f"{group}: could not be built ({str(cause or exc).splitlines()[0]})") from None
 
 
-def build_run(cfg: DictConfig) -> Run:
-    """Validate the top-level fields, then instantiate env, loss, optimizer and clip policy."""
+def check_env_fields(cfg: DictConfig) -> None:
+    """Run the env class's own field checks without building the simulation."""
+    fields = OmegaConf.to_container(cfg.env, resolve=True)
+    target = fields.pop("_target_", None)
+    try:
+        env_class = hydra.utils.get_class(target)
+    except Exception:
+        raise ConfigError(f"env._target_: cannot import '{target}'") from None
+    check = getattr(env_class, "check_config", None)
+    if check is not None:
+        try:
+            check(**fields)
+        except TypeError as exc:  # unknown field
+            raise ConfigError(f"env: {exc}") from None
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def _check_resume(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"resume: expected null, auto, or a checkpoint file or run folder path, got {value!r}")
+    return value
+
+
+def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
+    """Check everything that can be checked without compiling a kernel or writing a file.
+
+    Returns:
+        The run with every side-effect-free object built and ``env`` still None.
+    """
     from harness.trainer import TrainSettings
 
     require_env(cfg)
+    checkpoint = cfg.get("checkpoint") or {}
     settings = TrainSettings(
         iterations=_check_int(cfg, "iterations", 1),
         log_every=_check_int(cfg, "log_every", 1),
         seed=_check_int(cfg, "seed", 0),
         device=check_device(cfg.get("device")),
+        checkpoint_every=_check_int(checkpoint, "every", 0, prefix="checkpoint."),
+        checkpoint_keep=_check_int(checkpoint, "keep", 1, prefix="checkpoint."),
+        resume=_check_resume(cfg.get("resume")),
     )
-    optimizer = _instantiate(cfg, "optim")
-    clip = _instantiate(cfg, "clip")
-    loss = _instantiate(cfg, "loss")
-    env = _instantiate(cfg, "env", device=settings.device)
-    return Run(env=env, loss=loss, optimizer=optimizer, clip=clip, settings=settings)
+    check_group_types(cfg, choices)
+    check_env_fields(cfg)
+    return Run(
+        env=None,
+        loss=_instantiate(cfg, "loss"),
+        optimizer=_instantiate(cfg, "optim"),
+        clip=_instantiate(cfg, "clip"),
+        schedule=_instantiate(cfg, "schedule") if cfg.get("schedule") is not None else None,
+        settings=settings,
+    )
+
+
+def build_run(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
+    """Validate the whole config, then build the env (this compiles its kernels)."""
+    run = validate(cfg, choices)
+    run.env = _instantiate(cfg, "env", device=run.settings.device)
+    return run
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_choice(group: str, value: Any) -> None:
+    options = available(group)
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if v is not None and str(v) not in options:
+            raise ConfigError(f"{group}: '{v}' is not an option; accepted: {', '.join(options)}")
+
+
+def _check_writable(field: str, folder: Path) -> None:
+    probe = folder
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{field}: '{folder}' cannot be created: '{probe}' is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{field}: '{folder}' cannot be written (no write permission on '{probe}')")
+
+
+def precheck(config_name: str, args: list[str]) -> None:
+    """Validate a command line before Hydra creates any folder or a kernel is compiled.
+
+    Checks the override syntax, every config-group choice, composes the config (with
+    only the values shared by all jobs in a multirun), validates it, and checks that the
+    output folder can be written. Raises :class:`ConfigError` with one line.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    overrides = [a for a in args if not a.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as exc:
+        raise ConfigError(f"overrides: {_first_line(exc)}") from None
+    groups = {p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name != "hydra"}
+    for o in parsed:
+        if o.key_or_group in groups and not o.is_delete():
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else o.value()
+            _check_choice(o.key_or_group, values)
+    shared = [text for text, o in zip(overrides, parsed, strict=True) if not (multirun and o.is_sweep_override())]
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=shared, return_hydra_config=True)
+    except HydraException as exc:
+        raise ConfigError(_first_line(exc)) from None
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    validate(cfg, choices)
+    given = {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
+    field = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    default_root = "multirun" if multirun else "outputs"
+    _check_writable(field, Path(str(given.get(field, default_root))))
+    resume = cfg.get("resume")
+    if resume is not None and not multirun:
+        _check_checkpoint(str(resume), given.get("hydra.run.dir"), env=choices.get("env"))
+
+
+def _check_checkpoint(resume: str, run_dir: Any, *, env: str | None) -> None:
+    """Verify the checkpoint a resume would read (checksum, env) before anything runs."""
+    from harness import checkpoint
+
+    if resume == "auto" and run_dir is None:
+        return  # a fresh Hydra folder has no checkpoint: auto starts from scratch
+    try:
+        path = checkpoint.resolve(resume, Path(str(run_dir)) if run_dir is not None else Path("."))
+        if path is None:
+            return
+        saved = checkpoint.load(path)
+    except checkpoint.CheckpointError as exc:
+        raise ConfigError(str(exc)) from None
+    if env is not None and saved.meta.get("env") != env:
+        raise ConfigError(
+            f"resume: checkpoint '{path}' was written by env '{saved.meta.get('env')}'; this run's env is '{env}'"
+        )
 
 
 HPARAM_KEYS = (
@@ -117,7 +278,7 @@ def hparams(cfg: DictConfig, hydra_cfg: Any) -> dict[str, bool | int | float | s
     sweep's swept values are always there).
     """
     values: dict[str, bool | int | float | str] = {}
-    for group in ("env", "loss", "optim", "clip"):
+    for group in GROUPS:
         choice = hydra_cfg.runtime.choices.get(group)
         if choice is not None:
             values[group] = str(choice)

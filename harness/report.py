@@ -172,20 +172,32 @@ def _plot(rows: list[JobRow], swept: list[str], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (curves, finals) = plt.subplots(1, 2, figsize=(12, 4.5))
+    # One colour per value of the first swept key, one line style per combination of the others.
+    key = swept[0] if swept else None
+    firsts = sorted({row.overrides.get(key, "") for row in rows}, key=lambda v: (_as_float(v) is None, _as_float(v), v))
+    rests = sorted({tuple(row.overrides.get(k, "") for k in swept[1:]) for row in rows})
+    colours = plt.get_cmap("viridis" if len(firsts) > 10 else "tab10")
+    styles = ["-", "--", ":", "-."]
+    labelled: set[str] = set()
     for row in rows:
         steps, values = row.curve
-        if steps:
-            label = ",".join(f"{k}={row.overrides.get(k, '')}" for k in swept)
-            curves.plot(steps, values, label=label + ("" if row.status == "finished" else f" [{row.status}]"))
+        if not steps:
+            continue
+        first = row.overrides.get(key, "")
+        i = firsts.index(first)
+        colour = colours(i / max(len(firsts) - 1, 1)) if len(firsts) > 10 else colours(i % 10)
+        style = styles[rests.index(tuple(row.overrides.get(k, "") for k in swept[1:])) % len(styles)]
+        label = f"{key}={first}" if key is not None and first not in labelled else None
+        labelled.add(first)
+        curves.plot(steps, values, color=colour, linestyle=style, label=label)
     curves.set_xlabel("iteration")
     curves.set_ylabel("loss/total")
-    curves.set_title("loss curves")
+    curves.set_title("loss curves" + (f" (line style: {', '.join(swept[1:])})" if len(swept) > 1 else ""))
     if any(v > 0 for row in rows for v in row.curve[1]):
         curves.set_yscale("log")
     if any(row.curve[0] for row in rows):
         curves.legend(fontsize=7)
 
-    key = swept[0] if swept else None
     points = [
         (_as_float(row.overrides.get(key)), row.final_loss, row.status)
         for row in rows

@@ -25,14 +25,25 @@ class RunLog:
         total: Number of iterations of the run (for the progress line).
         interactive: Redraw the progress line in place; default: whether ``stream`` is a TTY.
         stream: Where the progress line goes.
+        purge_step: When resuming at this iteration, TensorBoard hides every event of this
+            run at or after it that an earlier, interrupted process wrote (a ``SessionLog``
+            START record), so resumed curves have neither duplicated nor missing steps.
     """
 
-    def __init__(self, logdir: str | Path, *, total: int, interactive: bool | None = None, stream: TextIO = sys.stdout):
+    def __init__(
+        self,
+        logdir: str | Path,
+        *,
+        total: int,
+        interactive: bool | None = None,
+        stream: TextIO = sys.stdout,
+        purge_step: int | None = None,
+    ):
         self.logdir = Path(logdir)
         self.total = total
         self.stream = stream
         self.interactive = stream.isatty() if interactive is None else interactive
-        self.writer = SummaryWriter(logdir=str(self.logdir), flush_secs=3600)
+        self.writer = SummaryWriter(logdir=str(self.logdir), flush_secs=3600, purge_step=purge_step)
         self._width = len(str(total))
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
@@ -46,6 +57,10 @@ class RunLog:
         flat = flat[np.isfinite(flat)]
         if flat.size:
             self.writer.add_histogram(tag, flat, global_step=step, bins="auto")
+
+    def image(self, step: int, tag: str, image: np.ndarray) -> None:
+        """Write an RGB image, uint8 of shape (height, width, 3)."""
+        self.writer.add_image(tag, image, global_step=step, dataformats="HWC")
 
     def hparams(self, values: dict[str, bool | int | float | str], metrics: dict[str, float]) -> None:
         """Record the run's hyperparameters and final metrics for the HParams dashboard.

@@ -36,6 +36,7 @@ class WarmKernelCache(Callback):
         from harness import config as harness_config
         from harness.trainer import Trainer, TrainSettings
 
+        choices = dict(config.hydra.runtime.choices)
         cfg = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
         with open_dict(cfg):
             cfg.pop("hydra", None)
@@ -43,12 +44,12 @@ class WarmKernelCache(Callback):
             cfg.env.world_count = 1
         start = time.perf_counter()
         try:
-            run = harness_config.build_run(cfg)
+            run = harness_config.build_run(cfg, choices)
         except harness_config.ConfigError as exc:
             print(f"kernel cache warm-up skipped ({exc})", file=sys.stderr, flush=True)
             return
         settings = TrainSettings(iterations=1, log_every=1, seed=run.settings.seed, device=run.settings.device)
-        trainer = Trainer(run.env, run.loss, run.optimizer, run.clip, settings)
+        trainer = Trainer(run.env, run.loss, run.optimizer, run.clip, settings, schedule=run.schedule)
         trainer.step(0, log_step=True)
         trainer.evaluate()
         print(f"kernel cache warmed in {time.perf_counter() - start:.1f} s", flush=True)

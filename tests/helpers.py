@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
+
 from envs.cartpole import CartpoleEnv
+from harness import config
 from harness.clip import clip_by_global_norm
 from harness.losses import WeightedLoss
 from harness.optim import adam
@@ -33,3 +37,13 @@ def make_trainer(
         clip=clip_by_global_norm(max_norm),
         settings=TrainSettings(iterations=iterations, log_every=log_every, seed=0, device="cpu"),
     )
+
+
+def compose_run(*overrides: str, config_name: str = "train") -> tuple[DictConfig, dict]:
+    """Compose a config as the CLI would; returns (config without hydra, group choices)."""
+    with initialize_config_dir(config_dir=str(config.CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, choices

@@ -1,4 +1,4 @@
-"""Clip policies: clip_by_global_norm against a numpy statement of PyTorch's clip_grad_norm_ rule."""
+"""Clip policies on the flat gradient: each rule against its reference definition, the non-finite policy, cost."""
 
 from __future__ import annotations
 
@@ -7,9 +7,22 @@ import numpy as np
 import pytest
 import warp as wp
 
-from harness.clip import clip_by_global_norm, no_clip
+from harness.clip import (
+    NonFiniteGradientError,
+    SkipGuard,
+    adaptive_grad_clip,
+    agc_units,
+    autoclip,
+    chain,
+    clip_by_global_norm,
+    clip_by_norm_per_param,
+    clip_by_value,
+    no_clip,
+    zclip,
+)
 from harness.params import CHUNK, ParamSet, ParamSpec
 from harness.stats import FlatStats
+from tests.helpers import make_trainer
 
 
 def make_params() -> ParamSet:
@@ -108,7 +121,8 @@ def test_no_clip_leaves_gradients_untouched():
     assert state["clipped"].numpy()[0] == 0
 
 
-def test_update_is_one_launch_without_host_round_trip(monkeypatch):
+def test_global_norm_update_is_two_launches_without_host_round_trip(monkeypatch):
+    """The non-finite stage and one scale over the flat gradient, nothing read back."""
     params = make_params()
     policy = clip_by_global_norm(max_norm=1.0)
     state = policy.init(params)
@@ -122,8 +136,9 @@ def test_update_is_one_launch_without_host_round_trip(monkeypatch):
 
     monkeypatch.setattr(wp, "launch", lambda *a, **k: (launches.append(1), real_launch(*a, **k)))
     monkeypatch.setattr(wp.array, "numpy", forbidden)
+    monkeypatch.setattr(wp, "synchronize", forbidden)
     policy.update(params, state, stats)
-    assert len(launches) == 1
+    assert len(launches) == 2
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan")])
@@ -136,3 +151,349 @@ def test_policies_instantiate_from_hydra_style_configs():
     policy = hydra.utils.instantiate({"_target_": "harness.clip.clip_by_global_norm", "max_norm": 1.0})
     assert policy.name == "global_norm"
     assert hydra.utils.instantiate({"_target_": "harness.clip.no_clip"}).name == "none"
+
+
+# --------------------------------------------------------------------------- every policy
+
+
+def make_policy(name: str, **kw):
+    builders = {
+        "none": lambda: no_clip(**kw),
+        "value": lambda: clip_by_value(0.5, **kw),
+        "norm": lambda: clip_by_global_norm(1.0, **kw),
+        "norm_p3": lambda: clip_by_global_norm(1.0, norm_type=3, **kw),
+        "norm_inf": lambda: clip_by_global_norm(1.0, norm_type="inf", **kw),
+        "norm_per_param": lambda: clip_by_norm_per_param(1.0, **kw),
+        "agc": lambda: adaptive_grad_clip(0.01, **kw),
+        "autoclip": lambda: autoclip(10.0, history=4, **kw),
+        "zclip": lambda: zclip(warmup=2, **kw),
+        "chain": lambda: chain([clip_by_value(0.5), clip_by_global_norm(1.0)], **kw),
+    }
+    return builders[name]()
+
+
+POLICIES = ["none", "value", "norm", "norm_p3", "norm_inf", "norm_per_param", "agc", "autoclip", "zclip", "chain"]
+
+
+def make_params_with(extra: int) -> ParamSet:
+    specs = [ParamSpec("a", (7,)), ParamSpec("m", (5, 4)), ParamSpec("v", (20,), wp.vec3)]
+    specs += [ParamSpec(f"x{i}", (3,)) for i in range(extra)]
+    return ParamSet(specs, device="cpu")
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_every_policy_is_a_fixed_number_of_launches_without_host_round_trip(monkeypatch, name):
+    counts = []
+    real_launch = wp.launch
+    launches = []
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("host round trip")
+
+    for extra in (0, 30):
+        params = make_params_with(extra)
+        params.grad.assign(random_grad(params.size, 10.0))
+        policy = make_policy(name)
+        state = policy.init(params)
+        stats = FlatStats(params)
+        stats.compute(params.grad)
+        policy.update(params, state, stats)  # builds the per-ParamSet tables (host work, once)
+        with monkeypatch.context() as m:
+            m.setattr(wp, "launch", lambda *a, **k: (launches.append(1), real_launch(*a, **k)))
+            m.setattr(wp.array, "numpy", forbidden)
+            m.setattr(wp, "synchronize", forbidden)
+            launches.clear()
+            policy.update(params, state, stats)
+        counts.append(len(launches))
+    assert counts[0] == counts[1] <= 12
+
+
+@pytest.mark.parametrize("name", ["value", "norm", "norm_p3", "norm_inf", "norm_per_param", "chain"])
+def test_clipping_twice_changes_nothing_for_every_stateless_policy(name):
+    params = make_params()
+    once, _ = clip(params, make_policy(name), random_grad(params.size, 10.0))
+    twice, _ = clip(params, make_policy(name), once)
+    np.testing.assert_allclose(twice, once, rtol=3e-6, atol=0.0)
+
+
+def test_value_policy_clamps_passes_nan_and_reports_the_smallest_factor():
+    params = make_params()
+    grad = random_grad(params.size, 1.0)
+    grad[0], grad[1], grad[2], grad[3] = np.nan, np.inf, -np.inf, 4.0
+    got, state = clip(params, clip_by_value(0.5, nonfinite="zero"), grad)
+    # nonfinite=zero runs before the rule: nan/inf became 0.
+    assert got[0] == got[1] == got[2] == 0.0
+    got, state = clip(params, clip_by_value(0.5), grad)
+    want = np.where(np.isnan(grad), grad, np.clip(grad, -0.5, 0.5))
+    np.testing.assert_array_equal(got, want)
+    assert state["coef"].numpy()[0] == 0.0  # the inf entries: 0.5 / inf
+    finite = grad[4:]
+    _, state = clip(params, clip_by_value(0.5), np.concatenate([np.zeros(4, np.float32), finite]))
+    assert state["coef"].numpy()[0] == pytest.approx(0.5 / np.abs(finite).max(), rel=1e-6)
+    assert state["clipped"].numpy()[0] == 1
+
+
+def test_norm_per_param_gives_each_parameter_the_global_rule():
+    params = make_params()
+    grad = random_grad(params.size, 10.0)
+    grad[:7] *= 1e-3  # parameter "a" stays below the limit
+    got, state = clip(params, clip_by_norm_per_param(1.0), grad)
+    for k, seg in enumerate(params.segments):
+        part = grad[seg.offset : seg.offset + seg.length]
+        want, coef = torch_clip_reference(part, 1.0)
+        np.testing.assert_allclose(got[seg.offset : seg.offset + seg.length], want, rtol=1e-6)
+        assert state["segment_coef"].numpy()[k] == pytest.approx(coef, rel=1e-6)
+    assert state["segment_coef"].numpy()[0] == 1.0
+    assert state["coef"].numpy()[0] == pytest.approx(state["segment_coef"].numpy().min())
+
+
+def test_agc_units_follow_the_documented_definition():
+    params = ParamSet(
+        [ParamSpec("b", (6,)), ParamSpec("w", (3, 4)), ParamSpec("p", (5,), wp.vec3), ParamSpec("s", (1,))],
+        device="cpu",
+    )
+    units = agc_units(params)
+    # (6,) -> one unit; (3, 4) -> 3 rows; vec3 (5,) -> 5 vectors; (1,) -> one unit.
+    assert [length for _, length in units] == [6, 4, 4, 4, 3, 3, 3, 3, 3, 1]
+    starts = [offset for offset, _ in units]
+    assert starts == [0, 6, 10, 14, 18, 21, 24, 27, 30, 33]
+
+
+def test_agc_clips_each_unit_against_its_parameter_norm():
+    params = ParamSet([ParamSpec("w", (8, 16)), ParamSpec("b", (8,))], device="cpu")
+    rng = np.random.default_rng(3)
+    data = rng.normal(size=params.size).astype(np.float32)
+    data[16:32] = 0.0  # a zero unit: the eps floor applies
+    params.data.assign(data)
+    grad = rng.normal(size=params.size).astype(np.float32)
+    grad[:64] *= 1e-4  # the first four rows of "w" stay under their limit
+    got, state = clip(params, adaptive_grad_clip(0.05, eps=1e-3), grad)
+    factors = []
+    for offset, length in agc_units(params):
+        g = grad[offset : offset + length].astype(np.float64)
+        w = data[offset : offset + length].astype(np.float64)
+        limit = 0.05 * max(np.linalg.norm(w), 1e-3)
+        gn = np.linalg.norm(g)
+        factor = limit / max(gn, 1e-6) if gn > limit else 1.0
+        factors.append(factor)
+        np.testing.assert_allclose(got[offset : offset + length], g * factor, rtol=2e-6, atol=1e-12)
+    assert min(factors) < 1.0 and max(factors) == 1.0  # some units clipped, some not
+    assert state["coef"].numpy()[0] == pytest.approx(min(factors), rel=1e-6)
+
+
+def run_scripted_norms(policy, norms: list[float]) -> tuple[list[float], list[float]]:
+    """Feed a gradient of each scripted L2 norm; return the post-clip norms and thresholds."""
+    params = make_params()
+    direction = random_grad(params.size, 1.0)
+    direction /= np.linalg.norm(direction.astype(np.float64))
+    state = policy.init(params)
+    stats = FlatStats(params)
+    post, thresholds = [], []
+    for n in norms:
+        params.grad.assign((direction * n).astype(np.float32))
+        stats.compute(params.grad)
+        pre = float(stats.norm.numpy()[0])
+        policy.update(params, state, stats)
+        post.append(float(np.linalg.norm(params.grad.numpy().astype(np.float64))))
+        thresholds.append(float(state["threshold"].numpy()[0]))
+        assert pre == pytest.approx(n, rel=1e-5)
+    return post, thresholds
+
+
+SCRIPTED = [1.0, 1.2, 0.9, 1.1, 50.0, 1.0, 0.95, 30.0, 1.05, 1.0, 0.8, 200.0, 1.0]
+
+
+@pytest.mark.parametrize(("percentile", "history"), [(10.0, 100), (50.0, 100), (90.0, 5)])
+def test_autoclip_follows_the_reference_definition(percentile, history):
+    post, thresholds = run_scripted_norms(autoclip(percentile, history=history), SCRIPTED)
+    # Seetharaman et al. 2020: append the norm, threshold = percentile of the (kept) history,
+    # then clip_grad_norm_ with that threshold.
+    seen: list[float] = []
+    for n, got_post, got_threshold in zip(SCRIPTED, post, thresholds, strict=True):
+        seen = [*seen, n][-history:]
+        threshold = float(np.percentile(seen, percentile))
+        assert got_threshold == pytest.approx(threshold, rel=1e-5)
+        assert got_post == pytest.approx(n * min(1.0, threshold / (n + 1e-6)), rel=1e-5)
+
+
+def zclip_reference(norms, *, alpha=0.97, z_thresh=2.5, eps=1e-6, warmup=25):
+    """Kumar et al. 2025 (z-score mode, adaptive scaling), as the authors' reference code behaves."""
+    buffer, mean, var, out = [], None, None, []
+    for g in norms:
+        if mean is None:
+            buffer.append(g)
+            if len(buffer) >= warmup:
+                mean = sum(buffer) / len(buffer)
+                var = sum((x - mean) ** 2 for x in buffer) / len(buffer)
+            out.append(g)
+            continue
+        std = var**0.5
+        z = (g - mean) / (std + eps)
+        clip_val = mean + z_thresh * std / (z / z_thresh) if z > z_thresh else None
+        limit = clip_val if clip_val is not None else g
+        out.append(g * (limit / (g + 1e-6)) if g > limit else g)
+        seen = clip_val if clip_val is not None else g
+        mean = alpha * mean + (1 - alpha) * seen
+        var = alpha * var + (1 - alpha) * (seen - mean) ** 2
+    return out
+
+
+def test_zclip_follows_the_reference_definition():
+    norms = [1.0 + 0.1 * np.sin(i) for i in range(30)] + [10.0, 1.0, 1.1, 40.0, 0.9, 1.0, 5.0, 1.0]
+    post, _ = run_scripted_norms(zclip(alpha=0.97, z_thresh=2.5, warmup=25), norms)
+    want = zclip_reference(norms, warmup=25)
+    np.testing.assert_allclose(post, want, rtol=1e-5)
+    # No clipping during warmup; the spikes after it are cut far below their size.
+    np.testing.assert_allclose(post[:25], norms[:25], rtol=1e-5)
+    assert post[30] < 2.0 and post[33] < 2.0
+
+
+def test_zclip_ema_is_fed_the_clipped_value_not_the_spike():
+    norms = [1.0, 1.2, 0.8, 1.0, 100.0]
+    policy = zclip(warmup=4)
+    params = make_params()
+    state = policy.init(params)
+    stats = FlatStats(params)
+    direction = random_grad(params.size, 1.0)
+    direction /= np.linalg.norm(direction.astype(np.float64))
+    for n in norms:
+        params.grad.assign((direction * n).astype(np.float32))
+        stats.compute(params.grad)
+        policy.update(params, state, stats)
+    mean0, std0 = 1.0, np.sqrt(np.mean((np.array(norms[:4]) - 1.0) ** 2))
+    z = (100.0 - mean0) / (std0 + 1e-6)
+    clipped = mean0 + 2.5**2 * std0 / z
+    assert state["threshold"].numpy()[0] == pytest.approx(clipped, rel=1e-5)
+    assert state["zclip_mean"].numpy()[0] == pytest.approx(0.97 * mean0 + 0.03 * clipped, rel=1e-6)
+    assert state["zclip_mean"].numpy()[0] < 1.1  # the spike itself would have moved it to ~4
+
+
+def test_chain_applies_value_then_norm_in_order():
+    params = make_params()
+    grad = random_grad(params.size, 10.0)
+    got, state = clip(params, chain([clip_by_value(5.0), clip_by_global_norm(1.0)]), grad)
+    clamped = np.clip(grad, -5.0, 5.0)
+    want, coef = torch_clip_reference(clamped, 1.0)
+    np.testing.assert_allclose(got, want, rtol=2e-6)
+    assert state["1/coef"].numpy()[0] == pytest.approx(coef, rel=1e-6)
+    assert state["coef"].numpy()[0] == pytest.approx(state["0/coef"].numpy()[0] * coef, rel=1e-6)
+    assert state["clipped"].numpy()[0] == 1
+
+
+# --------------------------------------------------------------------------- non-finite policy
+
+
+def nan_grad(params: ParamSet) -> np.ndarray:
+    grad = random_grad(params.size, 10.0)
+    seg = params.segments[1]
+    grad[seg.offset + 4] = np.nan
+    grad[seg.offset + 9] = np.inf
+    return grad
+
+
+def test_zero_policy_replaces_nan_and_inf_by_zero_then_clips_the_rest():
+    params = make_params()
+    grad = nan_grad(params)
+    got, state = clip(params, clip_by_global_norm(1.0, nonfinite="zero"), grad)
+    cleaned = np.where(np.isfinite(grad), grad, 0.0).astype(np.float32)
+    want, _ = torch_clip_reference(cleaned, 1.0)
+    np.testing.assert_allclose(got, want, rtol=2e-6)
+    assert state["skip"].numpy()[0] == 0
+
+
+def test_error_policy_names_the_iteration_and_the_parameter():
+    params = make_params()
+    policy = clip_by_global_norm(1.0, nonfinite="error")
+    state = policy.init(params)
+    stats = FlatStats(params)
+    for it in range(3):
+        params.grad.assign(nan_grad(params) if it == 1 else random_grad(params.size, 1.0))
+        stats.compute(params.grad)
+        policy.update(params, state, stats)
+    assert state["skip"].numpy()[0] == 1  # frozen after the bad iteration until the host stops
+    with pytest.raises(NonFiniteGradientError, match=r"iteration 1 in parameter 'v'") as info:
+        policy.check(params, state)
+    assert (info.value.iteration, info.value.parameter) == (1, "v")
+
+
+def test_skip_policy_leaves_parameters_and_optimizer_state_bit_identical():
+    trainer = make_trainer(horizon=20, max_norm=1.0)
+    params, opt_state = trainer.params, trainer.opt_state
+    guard = SkipGuard(params, opt_state, trainer.clip_state["skip"])
+
+    def iteration(poison: bool) -> None:
+        trainer.forward_backward()
+        if poison:
+            grad = params.grad.numpy()
+            grad[3] = np.nan
+            params.grad.assign(grad)
+        trainer.stats_pre.compute(params.grad)
+        trainer.clip.update(params, trainer.clip_state, trainer.stats_pre)
+        guard.save()
+        trainer.optimizer.step(params, opt_state)
+        guard.restore()
+
+    iteration(poison=False)
+    iteration(poison=False)  # a non-trivial optimizer state (moments, step counter)
+    before = {k: v.numpy().copy() for k, v in opt_state.items()}
+    data_before = params.data.numpy().copy()
+    iteration(poison=True)
+    assert trainer.clip_state["skip"].numpy()[0] == 1
+    assert trainer.clip_state["skipped"].numpy()[0] == 1
+    assert params.data.numpy().tobytes() == data_before.tobytes()
+    for key, value in opt_state.items():
+        assert value.numpy().tobytes() == before[key].tobytes(), key
+    iteration(poison=False)  # and the next finite iteration updates again
+    assert trainer.clip_state["skip"].numpy()[0] == 0
+    assert not np.array_equal(params.data.numpy(), data_before)
+
+
+def test_skip_policy_keeps_the_nan_iteration_out_of_autoclip_history():
+    params = make_params()
+    policy = autoclip(50.0, history=8)
+    state = policy.init(params)
+    stats = FlatStats(params)
+    for grad in (random_grad(params.size, 1.0), nan_grad(params), random_grad(params.size, 2.0, seed=1)):
+        params.grad.assign(grad)
+        stats.compute(params.grad)
+        policy.update(params, state, stats)
+    assert state["history_count"].numpy()[0] == 2
+    assert np.isfinite(state["threshold"].numpy()[0])
+
+
+@pytest.mark.parametrize(
+    ("factory", "kwargs", "field"),
+    [
+        (clip_by_value, {"clip_value": -1.0}, "clip_value"),
+        (clip_by_global_norm, {"max_norm": 1.0, "norm_type": 0.0}, "norm_type"),
+        (clip_by_global_norm, {"max_norm": 1.0, "nonfinite": "ignore"}, "nonfinite"),
+        (clip_by_global_norm, {"max_norm": 1.0, "adjoint": {"max_norm": -1.0}}, "adjoint.max_norm"),
+        (adaptive_grad_clip, {"clipping": 0.0}, "clipping"),
+        (autoclip, {"percentile": 101.0}, "percentile"),
+        (autoclip, {"history": 0}, "history"),
+        (zclip, {"alpha": 1.0}, "alpha"),
+        (zclip, {"warmup": 0}, "warmup"),
+    ],
+)
+def test_bad_arguments_name_the_field(factory, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        factory(**kwargs)
+
+
+def test_adjoint_settings_travel_with_the_policy():
+    policy = hydra.utils.instantiate(
+        {"_target_": "harness.clip.no_clip", "nonfinite": "zero", "adjoint": {"max_norm": 5.0, "profile": False}}
+    )
+    assert policy.nonfinite == "zero"
+    assert policy.adjoint.max_norm == 5.0 and policy.adjoint.active
+    assert not no_clip().adjoint.active
+
+
+def test_statistics_and_clipping_cost_under_one_percent_of_a_cartpole_iteration():
+    trainer = make_trainer(horizon=120, world_count=2)
+    trainer.step(0, log_step=False)  # kernels compiled and loaded
+    trainer.timing = dict.fromkeys(trainer.timing, 0.0)
+    for it in range(1, 4):
+        trainer.step(it, log_step=False)
+    total = sum(trainer.timing.values())
+    assert trainer.timing["grad_stats_clip"] < 0.01 * total, trainer.timing

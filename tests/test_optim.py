@@ -1,4 +1,7 @@
-"""Optimizers: several steps against a numpy re-statement of the torch.optim update equations."""
+"""Optimizers: device-resident state, graph-replayable steps, exact resume, config options, cartpole training.
+
+Agreement with torch.optim and the ScheduleFree reference classes is in test_optim_parity.py.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +9,26 @@ import hydra.utils
 import numpy as np
 import pytest
 import warp as wp
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from harness.optim import adam, sgd
+from envs.cartpole import CartpoleEnv
+from harness import config
+from harness.clip import clip_by_global_norm
+from harness.losses import WeightedLoss
+from harness.optim import OPTIMIZERS, Optimizer, adam, build, load_state, save_state
 from harness.params import ParamSet, ParamSpec
+from harness.trainer import Trainer, TrainSettings
+from tests.helpers import UPRIGHT_TERMS
 
-STEPS = 4
+# Every rule with its optional paths switched on (momentum, decay, AMSGrad, warmup, ...).
+CASES = {
+    "sgd": {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.1},
+    "adam": {"lr": 0.1, "weight_decay": 0.1, "amsgrad": True},
+    "adamw": {"lr": 0.1, "weight_decay": 0.1},
+    "sgd_schedulefree": {"lr": 0.5, "weight_decay": 0.1, "warmup_steps": 3},
+    "adamw_schedulefree": {"lr": 0.1, "weight_decay": 0.1, "warmup_steps": 3, "r": 1.0},
+}
 
 
 def make_params(seed: int = 0) -> ParamSet:
@@ -23,159 +40,296 @@ def make_params(seed: int = 0) -> ParamSet:
     return ParamSet(specs, device="cpu")
 
 
-def grads(size: int, seed: int = 1) -> list[np.ndarray]:
+def gradients(size: int, steps: int, seed: int = 1) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [rng.normal(size=size).astype(np.float32) for _ in range(STEPS)]
+    return [rng.normal(size=size).astype(np.float32) for _ in range(steps)]
 
 
-def sgd_reference(p, gs, lr, momentum, weight_decay):
-    """torch.optim.SGD, no dampening/nesterov: g += wd*p; buf = g (t=1) else mu*buf + g; p -= lr*buf."""
-    p, buf = p.astype(np.float64), None
-    for g in gs:
-        g = g + weight_decay * p
-        if momentum:
-            buf = g if buf is None else momentum * buf + g
-            g = buf
-        p = p - lr * g
-    return p
-
-
-def adam_reference(p, gs, lr, b1, b2, eps, weight_decay, t0=0):
-    """torch.optim.Adam (Kingma & Ba 2015): m, v moments; p -= lr * m_hat / (sqrt(v_hat) + eps)."""
-    p, m, v = p.astype(np.float64), 0.0, 0.0
-    for t, g in enumerate(gs, start=t0 + 1):
-        g = g + weight_decay * p
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * g * g
-        m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
-        p = p - lr * m_hat / (np.sqrt(v_hat) + eps)
-    return p
-
-
-def run(opt, params: ParamSet, gs: list[np.ndarray]) -> dict:
-    state = opt.init(params)
+def run(opt: Optimizer, params: ParamSet, gs: list[np.ndarray], state: dict | None = None) -> dict:
+    state = opt.init(params) if state is None else state
     for g in gs:
         params.grad.assign(g)
-        opt.step(params, state)
+        state = opt.step(params, params.grad, state)
     return state
 
 
-@pytest.mark.parametrize(("momentum", "weight_decay"), [(0.0, 0.0), (0.9, 0.0), (0.0, 0.1), (0.5, 0.01)])
-def test_sgd_matches_torch_update_equations(momentum, weight_decay):
+def test_build_knows_exactly_the_config_options():
+    assert sorted(OPTIMIZERS) == config.available("optim")
+    with pytest.raises(ValueError, match=r"^optim: unknown optimizer 'lion'; accepted: sgd, adam"):
+        build("lion")
+    with pytest.raises(ValueError, match=r"^optim: adam does not take"):
+        build("adam", momentum=0.9)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_step_never_writes_the_gradient_buffer(name):
     params = make_params()
-    p0, gs = params.data.numpy().copy(), grads(params.size)
-    run(sgd(lr=0.1, momentum=momentum, weight_decay=weight_decay), params, gs)
-    want = sgd_reference(p0, gs, 0.1, momentum, weight_decay)
-    np.testing.assert_allclose(params.data.numpy(), want, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize(("betas", "weight_decay"), [((0.9, 0.999), 0.0), ((0.8, 0.99), 0.1), ((0.0, 0.5), 0.0)])
-def test_adam_matches_torch_update_equations(betas, weight_decay):
-    params = make_params()
-    p0, gs = params.data.numpy().copy(), grads(params.size)
-    run(adam(lr=0.01, betas=betas, eps=1e-8, weight_decay=weight_decay), params, gs)
-    want = adam_reference(p0, gs, 0.01, *betas, 1e-8, weight_decay)
-    np.testing.assert_allclose(params.data.numpy(), want, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize(
-    "opt", [sgd(lr=0.1), sgd(lr=0.1, momentum=0.9, weight_decay=0.1), adam(lr=0.1, weight_decay=0.1)]
-)
-def test_step_never_modifies_params_grad(opt):
-    params = make_params()
+    opt = build(name, **CASES[name])
     state = opt.init(params)
-    g = grads(params.size)[0]
+    g = gradients(params.size, 1)[0]
     params.grad.assign(g)
+    before = params.data.numpy().copy()
     for _ in range(3):
-        opt.step(params, state)
+        opt.step(params, params.grad, state)
     np.testing.assert_array_equal(params.grad.numpy(), g)
+    assert not np.array_equal(params.data.numpy(), before)
 
 
-def test_step_counter_lives_on_the_device_and_drives_bias_correction():
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_list_of_arrays_and_paramset_give_bit_identical_results(name):
+    """The functional API over arrays runs the same kernels, with the same state layout."""
+    flat = make_params()
+    listed = make_params()
+    views = [listed["a"], listed["v"]]
+    opt = build(name, **CASES[name])
+    flat_state = opt.init(flat)
+    list_state = opt.init(views)
+    for g in gradients(flat.size, 6):
+        flat.grad.assign(g)
+        listed.grad.assign(g)
+        opt.step(flat, flat.grad, flat_state)
+        opt.step(views, [v.grad for v in views], list_state)
+    np.testing.assert_array_equal(listed.data.numpy(), flat.data.numpy())
+    for key, value in save_state(flat_state).items():
+        np.testing.assert_array_equal(list_state[key].numpy(), value, err_msg=key)
+    evaluated = opt.eval_params(views, list_state)
+    assert [(e.dtype, e.shape) for e in evaluated] == [(wp.float32, (5,)), (wp.vec3, (4,))]
+    np.testing.assert_array_equal(
+        np.concatenate([e.numpy().ravel() for e in evaluated]), opt.eval_params(flat, flat_state).numpy()
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_omitted_gradients_mean_the_parameters_own_grad_buffers(name):
+    opt = build(name, **CASES[name])
+    gs = gradients(make_params().size, 3)
+    explicit, omitted, legacy = make_params(), make_params(), make_params()
+    run(opt, explicit, gs)
+    states = (opt.init(omitted), opt.init(legacy))
+    for g in gs:
+        omitted.grad.assign(g)
+        legacy.grad.assign(g)
+        opt.step(omitted, None, states[0])
+        opt.step(legacy, states[1])  # the two-argument form the trainer calls today
+    np.testing.assert_array_equal(omitted.data.numpy(), explicit.data.numpy())
+    np.testing.assert_array_equal(legacy.data.numpy(), explicit.data.numpy())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_learning_rate_is_read_from_the_device_array(name):
+    """Writing state['lr'] (what a schedule does) is the same as building with that rate."""
+    gs = gradients(make_params().size, 4)
+    rewritten, built = make_params(), make_params()
+    opt = build(name, **CASES[name])
+    state = opt.init(rewritten)
+    state["lr"].fill_(0.03)
+    run(opt, rewritten, gs, state)
+    run(build(name, **{**CASES[name], "lr": 0.03}), built, gs)
+    np.testing.assert_array_equal(rewritten.data.numpy(), built.data.numpy())
+
+
+class LaunchRecorder:
+    """Records every wp.launch (kernel, dim, arguments) and forbids host read-backs, then launches for real."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        real_launch = wp.launch
+
+        def launch(kernel, dim, *args, inputs=(), **kwargs):
+            self.calls.append((kernel.key, dim, [_identity(x) for x in inputs]))
+            return real_launch(kernel, dim, *args, inputs=inputs, **kwargs)
+
+        def forbidden(*args, **kwargs):
+            raise AssertionError("host round trip inside step()")
+
+        monkeypatch.setattr(wp, "launch", launch)
+        monkeypatch.setattr(wp.array, "numpy", forbidden)
+
+
+def _identity(value):
+    return ("array", value.ptr, value.dtype, value.shape) if isinstance(value, wp.array) else ("value", repr(value))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_step_is_a_fixed_sequence_of_launches_a_cuda_graph_can_replay(name, monkeypatch):
+    """Two launches per flat buffer, no read-back, and the same arguments every step.
+
+    A captured graph replays the launches of one step with frozen arguments; identical
+    arguments at steps 1, 2 and 3 mean that the replay computes what step() would.
+    """
     params = make_params()
-    opt = adam(lr=0.01)
-    state = opt.init(params)
-    counter = state["step"]
-    assert isinstance(counter, wp.array)
-    assert (counter.device, counter.dtype, counter.shape) == (params.device, wp.int32, (1,))
-    gs = grads(params.size)
-    for g in gs[:3]:
-        params.grad.assign(g)
-        opt.step(params, state)
-    assert state["step"] is counter
-    assert counter.numpy()[0] == 3
-
-    # Rewriting the device counter changes the bias correction of the next step.
-    counter.assign(np.array([999], dtype=np.int32))
-    state["exp_avg"].zero_()
-    state["exp_avg_sq"].zero_()
-    p0 = params.data.numpy().copy()
-    params.grad.assign(gs[3])
-    opt.step(params, state)
-    want = adam_reference(p0, gs[3:], 0.01, 0.9, 0.999, 1e-8, 0.0, t0=999)
-    np.testing.assert_allclose(params.data.numpy(), want, rtol=1e-5, atol=1e-7)
-    assert counter.numpy()[0] == 1000
+    listed = make_params()
+    views = [listed["a"], listed["v"]]
+    opt = build(name, **CASES[name])
+    state, list_state = opt.init(params), opt.init(views)
+    recorder = LaunchRecorder(monkeypatch)
+    per_step = []
+    for _ in range(3):
+        recorder.calls.clear()
+        opt.step(params, params.grad, state)
+        opt.step(views, [v.grad for v in views], list_state)
+        per_step.append(list(recorder.calls))
+    dims = [dim for _, dim, _ in per_step[0]]
+    assert dims == [1, params.size, 1, 5, 12]
+    assert per_step[1] == per_step[0]
+    assert per_step[2] == per_step[0]
 
 
-@pytest.mark.parametrize("opt", [sgd(lr=0.5, momentum=0.9), adam(lr=0.5)])
-def test_learning_rate_is_read_from_the_device_array(opt):
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_save_load_continue_gives_the_same_parameters_as_never_stopping(name):
+    opt = build(name, **CASES[name])
+    gs = gradients(make_params().size, 12)
+    straight = make_params()
+    straight_state = run(opt, straight, gs)
+
+    first = make_params()
+    saved_state = save_state(run(opt, first, gs[:7]))
+    saved_params = first.data.numpy().copy()
+
+    resumed = make_params(seed=5)  # other initial values: everything must come from the checkpoint
+    resumed.data.assign(saved_params)
+    state = opt.init(resumed)
+    load_state(state, saved_state)
+    state = run(opt, resumed, gs[7:], state)
+    np.testing.assert_array_equal(resumed.data.numpy(), straight.data.numpy())
+    np.testing.assert_array_equal(
+        opt.eval_params(resumed, state).numpy(), opt.eval_params(straight, straight_state).numpy()
+    )
+    for key, value in save_state(straight_state).items():
+        np.testing.assert_array_equal(state[key].numpy(), value, err_msg=key)
+
+
+def test_load_state_rejects_a_state_of_another_optimizer_or_size():
     params = make_params()
-    state = opt.init(params)
-    params.grad.assign(grads(params.size)[0])
-    state["lr"].zero_()
-    p0 = params.data.numpy().copy()
-    opt.step(params, state)
-    np.testing.assert_array_equal(params.data.numpy(), p0)
+    adam_state = save_state(build("adam").init(params))
+    with pytest.raises(ValueError, match=r"missing \['momentum_buffer'\], unexpected \['bias_correction2_sqrt'"):
+        load_state(build("sgd", momentum=0.9).init(params), adam_state)
+    smaller = ParamSet([ParamSpec("a", (3,))], device="cpu")
+    with pytest.raises(ValueError, match=r"state\['exp_avg'\] is float32 \(17,\), expected float32 \(3,\)"):
+        load_state(build("adam").init(smaller), adam_state)
 
 
-@pytest.mark.parametrize("opt", [sgd(lr=0.1), sgd(lr=0.1, momentum=0.9), adam(lr=0.1)])
-def test_step_is_one_flat_launch_plus_counter_without_host_round_trip(opt, monkeypatch):
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_eval_params_are_the_average_for_schedulefree_and_the_parameters_otherwise(name):
     params = make_params()
-    state = opt.init(params)
-    launches = []
-    real_launch = wp.launch
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("host round trip")
-
-    monkeypatch.setattr(wp, "launch", lambda k, dim, *a, **kw: (launches.append(dim), real_launch(k, dim, *a, **kw)))
-    monkeypatch.setattr(wp.array, "numpy", forbidden)
-    opt.step(params, state)
-    assert sorted(launches) == [1, params.size]
+    opt = build(name, **CASES[name])
+    state = run(opt, params, gradients(params.size, 5))
+    evaluated = opt.eval_params(params, state)
+    if name.endswith("_schedulefree"):
+        assert evaluated is state["x"]
+        # Training runs at y = b1 x + (1 - b1) z, away from the average x.
+        assert not np.allclose(evaluated.numpy(), params.data.numpy())
+        assert set(opt.scalars(state)) == {"optim/lr", "optim/avg_weight"}
+    else:
+        assert evaluated is params.data
+        assert set(opt.scalars(state)) == {"optim/lr"}
+    for tag, array in opt.scalars(state).items():
+        assert (array.dtype, array.shape, array.device) == (wp.float32, (1,), params.device), tag
 
 
 @pytest.mark.parametrize(
-    ("factory", "kwargs", "field"),
+    ("name", "hyperparameters", "weight"),
     [
-        (sgd, {"lr": -0.1}, "lr"),
-        (sgd, {"lr": 0.1, "momentum": -0.5}, "momentum"),
-        (sgd, {"lr": 0.1, "weight_decay": -1.0}, "weight_decay"),
-        (adam, {"lr": float("nan")}, "lr"),
-        (adam, {"lr": 0.1, "betas": (1.0, 0.999)}, "betas"),
-        (adam, {"lr": 0.1, "betas": (0.9, -0.1)}, "betas"),
-        (adam, {"lr": 0.1, "betas": (0.9,)}, "betas"),
-        (adam, {"lr": 0.1, "eps": 0.0}, "eps"),
+        # c_k = 1 / k: x is the plain running average of z.
+        ("sgd_schedulefree", {"lr": 0.5}, 1 / 5),
+        # w_k = k (r = 1): c_5 = 5 / (1 + 2 + 3 + 4 + 5).
+        ("adamw_schedulefree", {"lr": 0.5, "r": 1.0}, 5 / 15),
+        # Warmup 3: lr_max = lr/3, 2lr/3, lr, lr, lr; w = lr_max^2: c_5 = 1 / (1/9 + 4/9 + 3).
+        ("sgd_schedulefree", {"lr": 0.5, "warmup_steps": 3}, 9 / 32),
+        # weight_lr_power 0 ignores the warmup in the weights: back to 1 / k.
+        ("adamw_schedulefree", {"lr": 0.5, "warmup_steps": 3, "weight_lr_power": 0.0}, 1 / 5),
     ],
 )
-def test_invalid_hyperparameters_are_rejected_naming_the_field(factory, kwargs, field):
-    with pytest.raises(ValueError, match=rf"optim\.{field}\b"):
-        factory(**kwargs)
+def test_schedulefree_averaging_weight_after_five_steps(name, hyperparameters, weight):
+    params = make_params()
+    opt = build(name, **hyperparameters)
+    state = run(opt, params, gradients(params.size, 5))
+    assert opt.scalars(state)["optim/avg_weight"].numpy()[0] == pytest.approx(weight, rel=1e-6)
+    assert opt.scalars(state)["optim/lr"].numpy()[0] == pytest.approx(0.5)
 
 
-def test_zero_learning_rate_is_allowed():
-    assert sgd(lr=0.0).name == "sgd"
-    assert adam(lr=0).name == "adam"
+def test_vector_arrays_are_stepped_component_wise_and_other_dtypes_rejected():
+    vec = wp.array(np.ones((4, 3), np.float32), dtype=wp.vec3, device="cpu")
+    grad = wp.array(np.arange(12, dtype=np.float32).reshape(4, 3), dtype=wp.vec3, device="cpu")
+    opt = build("sgd", lr=0.5)
+    opt.step([vec], [grad], opt.init([vec]))
+    np.testing.assert_array_equal(vec.numpy(), 1.0 - 0.5 * np.arange(12, dtype=np.float32).reshape(4, 3))
+    with pytest.raises(TypeError, match=r"params\[0\] must hold float32 data"):
+        opt.init([wp.zeros(3, dtype=wp.float64, device="cpu")])
+    with pytest.raises(ValueError, match=r"grads\[0\] must match params\[0\]"):
+        opt.step([vec], [wp.zeros(4, dtype=wp.float32, device="cpu")], opt.init([vec]))
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "field"),
+    [
+        ("sgd", {"lr": -0.1}, "lr"),
+        ("sgd", {"momentum": -0.5}, "momentum"),
+        ("sgd", {"dampening": 2.0}, "dampening"),
+        ("sgd", {"nesterov": True}, "nesterov"),
+        ("sgd", {"momentum": 0.9, "dampening": 0.1, "nesterov": True}, "nesterov"),
+        ("sgd", {"weight_decay": -1.0}, "weight_decay"),
+        ("adam", {"lr": float("nan")}, "lr"),
+        ("adam", {"betas": (1.0, 0.999)}, "betas"),
+        ("adam", {"betas": (0.9,)}, "betas"),
+        ("adam", {"eps": 0.0}, "eps"),
+        ("adam", {"amsgrad": "yes"}, "amsgrad"),
+        ("adamw", {"weight_decay": float("inf")}, "weight_decay"),
+        ("sgd_schedulefree", {"momentum": 0.0}, "momentum"),
+        ("sgd_schedulefree", {"warmup_steps": 2.5}, "warmup_steps"),
+        ("adamw_schedulefree", {"r": -1.0}, "r"),
+        ("adamw_schedulefree", {"weight_lr_power": "two"}, "weight_lr_power"),
+        ("adamw_schedulefree", {"decay_at_z": 1}, "decay_at_z"),
+    ],
+)
+def test_invalid_hyperparameters_are_rejected_naming_the_field(name, kwargs, field):
+    with pytest.raises(ValueError, match=rf"^optim\.{field} must be "):
+        build(name, **kwargs)
 
 
 def test_adam_accepts_betas_as_list_or_listconfig_from_hydra():
     cfg = OmegaConf.create({"_target_": "harness.optim.adam", "lr": 0.01, "betas": [0.8, 0.99]})
-    from_hydra = hydra.utils.instantiate(cfg)
-    from_list = adam(lr=0.01, betas=[0.8, 0.99])
-    gs = grads(make_params().size)
+    gs = gradients(make_params().size, 3)
     results = []
-    for opt in (from_hydra, from_list, adam(lr=0.01, betas=(0.8, 0.99))):
+    for opt in (hydra.utils.instantiate(cfg), adam(lr=0.01, betas=[0.8, 0.99]), adam(lr=0.01, betas=(0.8, 0.99))):
         params = make_params()
         run(opt, params, gs)
         results.append(params.data.numpy())
     np.testing.assert_array_equal(results[0], results[2])
     np.testing.assert_array_equal(results[1], results[2])
+
+
+def optim_option(name: str) -> Optimizer:
+    with initialize_config_dir(config_dir=str(config.CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"optim={name}"])
+    return hydra.utils.instantiate(cfg.optim, _convert_="all")
+
+
+@pytest.mark.parametrize("name", config.available("optim"))
+def test_config_option_builds_the_optimizer_of_that_name(name):
+    opt = optim_option(name)
+    assert isinstance(opt, Optimizer)
+    assert opt.name == name
+
+
+@pytest.mark.parametrize("name", config.available("optim"))
+def test_each_optimizer_trains_the_cartpole_with_its_default_settings(name):
+    """Default settings of configs/optim/NAME.yaml, half a second of simulation, loss at the evaluation parameters.
+
+    Measured: 0.1307 at the start; after 8 iterations 0.1215 (sgd), 0.0867 (adam), 0.0859
+    (adamw), 0.0979 (sgd_schedulefree), 0.0775 (adamw_schedulefree). The bar is 5% lower.
+    """
+    opt = optim_option(name)
+    trainer = Trainer(
+        env=CartpoleEnv(horizon=120, world_count=2, device="cpu"),
+        loss=WeightedLoss(UPRIGHT_TERMS),
+        optimizer=opt,
+        clip=clip_by_global_norm(1.0),
+        settings=TrainSettings(iterations=8, log_every=8, seed=0, device="cpu"),
+    )
+    initial, _ = trainer.evaluate()
+    for it in range(8):
+        trainer.step(it, log_step=False)
+    wp.copy(trainer.params.data, opt.eval_params(trainer.params, trainer.opt_state))
+    final, _ = trainer.evaluate()
+    assert final < 0.95 * initial, f"{name}: loss {initial:.5g} -> {final:.5g}"

@@ -1,4 +1,4 @@
-"""FlatStats: per-parameter and global statistics of flat buffers, checked against numpy."""
+"""FlatStats and GroupNorms: per-parameter and global statistics, checked against numpy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import warp as wp
 
 from harness.params import CHUNK, ParamSet, ParamSpec
-from harness.stats import FlatStats
+from harness.stats import ChunkTable, FlatStats, GroupNorms, norm_kind
 
 
 def make_params(extra: int = 0) -> ParamSet:
@@ -148,3 +148,50 @@ def test_arrays_with_another_layout_are_rejected():
         stats.compute(wp.zeros(params.size + 1, dtype=wp.float32, device="cpu"))
     with pytest.raises(ValueError, match="minus"):
         stats.compute(params.data, minus=wp.zeros(3, dtype=wp.float32, device="cpu"))
+
+
+def test_nonfinite_entries_are_counted_per_parameter():
+    params = make_params()
+    x = np.ones(params.size, dtype=np.float32)
+    big = params.segments[2]
+    x[big.offset + 1] = np.nan
+    x[big.offset + CHUNK + 5] = np.inf  # a second chunk of the same parameter
+    x[params.segments[3].offset] = -np.inf
+    stats = FlatStats(params)
+    stats.compute(put(params, x))
+    assert stats.segment_nonfinite.numpy().tolist() == [0, 0, 2, 1]
+    stats.compute(put(params, np.ones(params.size)))
+    assert stats.segment_nonfinite.numpy().tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, float("inf"), 3.0, 0.5])
+def test_group_norms_match_numpy_per_group_and_in_total(norm_type):
+    params = make_params()
+    x = np.random.default_rng(5).normal(scale=2.0, size=params.size).astype(np.float32)
+    data = put(params, x)
+    norms = GroupNorms(ChunkTable.for_segments(params), norm_type=norm_type, device="cpu")
+    norms.compute(data.ptr)
+    x64 = x.astype(np.float64)
+    expected = [np.linalg.norm(x64[s], ord=norm_type) for s in segment_slices(params)]
+    np.testing.assert_allclose(norms.group_norm.numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(norms.total.numpy(), [np.linalg.norm(x64, ord=norm_type)], rtol=1e-12)
+
+
+def test_group_norms_propagate_nan_and_inf_like_torch():
+    params = make_params()
+    x = np.ones(params.size, dtype=np.float32)
+    x[0] = np.inf
+    x[params.segments[2].offset] = np.nan
+    data = put(params, x)
+    for norm_type in (2.0, float("inf")):
+        norms = GroupNorms(ChunkTable.for_segments(params), norm_type=norm_type, device="cpu")
+        norms.compute(data.ptr)
+        g = norms.group_norm.numpy()
+        assert np.isinf(g[0]) and np.isfinite(g[1]) and np.isnan(g[2])
+        assert np.isnan(norms.total.numpy()[0])
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, "two"])
+def test_bad_norm_types_are_rejected(bad):
+    with pytest.raises(ValueError, match="norm_type"):
+        norm_kind(bad)

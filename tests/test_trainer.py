@@ -40,7 +40,7 @@ def test_optimizer_step_does_not_touch_the_gradient_buffer():
     trainer.clip.update(trainer.params, trainer.clip_state, trainer.stats_pre)
     clipped = trainer.params.grad.numpy().copy()
     before = trainer.params.data.numpy().copy()
-    trainer.optimizer.step(trainer.params, trainer.opt_state)
+    trainer.optimizer.step(trainer.params, trainer.params.grad, trainer.opt_state)
     np.testing.assert_array_equal(trainer.params.grad.numpy(), clipped)
     assert not np.array_equal(trainer.params.data.numpy(), before)
 
@@ -77,6 +77,9 @@ def test_short_training_run_lowers_the_loss_and_logs_every_tag(tmp_path):
     tags = acc.Tags()
     per_iteration = [
         *FIXED_COLUMNS,
+        "optim/lr",
+        "optim/lr_scale",
+        "grad/clip_threshold",
         "loss/pose",
         "loss/velocity",
         "loss/effort",

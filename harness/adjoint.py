@@ -1,0 +1,282 @@
+"""Clipping inside the backward pass: the simulation state's adjoint, step by step.
+
+This module owns :class:`AdjointClipper`. Handed to a rollout as its ``after_step`` hook
+(:data:`envs.base.StepHook`), it records one ``Tape.record_func`` per simulation step.
+When ``Tape.backward`` reaches it (after the adjoint of state ``t + 1`` has been
+accumulated from everything later in the tape, before it flows into step ``t``), the
+callback
+
+1. measures, per world ``w``, the norm of the state adjoint
+   ``a_t[w] = sqrt(sum over the state arrays and their entries of (dL/ds_{t+1}[w])^2)``
+   into the profile (the gradient-through-time profile: where along the horizon the
+   gradient grows), and
+2. when ``max_norm`` is finite, rescales that world's adjoint by
+   ``min(1, max_norm / (a_t[w] + 1e-6))`` (the ``clip_grad_norm_`` rule per world and step).
+
+With ``max_norm = inf`` (or None with profiling on) nothing is rescaled, so the final
+gradient is bit-identical to a backward pass without the clipper. Each step costs one
+launch (one thread per world over up to ``MAX_STATE_ARRAYS`` float32-based state arrays);
+the sums are float64, so the profile shows growth up to the float32 range exactly. A nan
+adjoint gives a nan norm and is left unscaled.
+
+The profile stays on the device; :meth:`AdjointClipper.profile` reads it back (log
+iterations only), :func:`profile_summary` and :func:`profile_image` turn it into
+TensorBoard scalars and an image.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import warp as wp
+
+__all__ = ["AdjointClipper", "profile_histogram_values", "profile_image", "profile_summary"]
+
+
+MAX_STATE_ARRAYS = 8
+"""State arrays one hook call may hand over (joint_q, joint_qd, body_q, body_qd, particle_q, ...)."""
+
+
+@wp.func
+def _sumsq_row(a: wp.array2d(dtype=wp.float32), w: int) -> wp.float64:
+    s = wp.float64(0.0)
+    for j in range(a.shape[1]):
+        x = wp.float64(a[w, j])
+        s += x * x
+    return s
+
+
+@wp.func
+def _scale_row(a: wp.array2d(dtype=wp.float32), w: int, coef: wp.float32):
+    for j in range(a.shape[1]):
+        a[w, j] = a[w, j] * coef
+
+
+@wp.kernel
+def _adjoint_clip_kernel(
+    step: int,
+    count: int,
+    max_norm: wp.float64,
+    scale: int,
+    a0: wp.array2d(dtype=wp.float32),
+    a1: wp.array2d(dtype=wp.float32),
+    a2: wp.array2d(dtype=wp.float32),
+    a3: wp.array2d(dtype=wp.float32),
+    a4: wp.array2d(dtype=wp.float32),
+    a5: wp.array2d(dtype=wp.float32),
+    a6: wp.array2d(dtype=wp.float32),
+    a7: wp.array2d(dtype=wp.float32),
+    sumsq: wp.array2d(dtype=wp.float64),
+):
+    # One thread per world: its whole state adjoint is small (a few dofs or bodies).
+    w = wp.tid()
+    s = _sumsq_row(a0, w)
+    if count > 1:
+        s += _sumsq_row(a1, w)
+    if count > 2:
+        s += _sumsq_row(a2, w)
+    if count > 3:
+        s += _sumsq_row(a3, w)
+    if count > 4:
+        s += _sumsq_row(a4, w)
+    if count > 5:
+        s += _sumsq_row(a5, w)
+    if count > 6:
+        s += _sumsq_row(a6, w)
+    if count > 7:
+        s += _sumsq_row(a7, w)
+    sumsq[step, w] = s
+    if scale == 0:
+        return
+    coef = max_norm / (wp.sqrt(s) + wp.float64(1.0e-6))
+    if coef < wp.float64(1.0):  # false for a nan coefficient: a nan adjoint is left as it is
+        c = wp.float32(coef)
+        _scale_row(a0, w, c)
+        if count > 1:
+            _scale_row(a1, w, c)
+        if count > 2:
+            _scale_row(a2, w, c)
+        if count > 3:
+            _scale_row(a3, w, c)
+        if count > 4:
+            _scale_row(a4, w, c)
+        if count > 5:
+            _scale_row(a5, w, c)
+        if count > 6:
+            _scale_row(a6, w, c)
+        if count > 7:
+            _scale_row(a7, w, c)
+
+
+def _flat_grad_view(array: wp.array, world_count: int) -> wp.array:
+    """``array.grad`` as a (world_count, scalars per world) array of its scalar type."""
+    if array.grad is None:
+        raise ValueError("AdjointClipper: every state array needs a gradient (requires_grad=True)")
+    grad = array.grad
+    if not grad.is_contiguous or grad.shape[0] != world_count:
+        raise ValueError(
+            f"AdjointClipper: state arrays must be contiguous per-world views of shape ({world_count}, k), "
+            f"got shape {grad.shape}"
+        )
+    scalar = getattr(grad.dtype, "_wp_scalar_type_", grad.dtype)
+    if scalar is not wp.float32:
+        raise TypeError(f"AdjointClipper: state arrays must be float32-based, got {grad.dtype.__name__}")
+    width = grad.size * (wp.types.type_size(grad.dtype) if scalar is not grad.dtype else 1) // world_count
+    return wp.array(ptr=grad.ptr, dtype=scalar, shape=(world_count, width), device=grad.device, copy=False)
+
+
+class AdjointClipper:
+    """Per-step, per-world clip of the state adjoint during ``Tape.backward``, with its profile.
+
+    Usage (what the trainer does each iteration)::
+
+        tape = wp.Tape()
+        hook = clipper.step_hook(tape)          # zeroes the profile (one launch)
+        with tape:
+            trajectory = env.rollout(params, after_step=hook)
+            loss = loss_fn(trajectory)
+        tape.backward(loss)                     # clips; clipper.profile() holds the norms
+
+    Args:
+        horizon: Simulation steps per rollout (rows of the profile).
+        world_count: Worlds per rollout.
+        max_norm: Largest per-world adjoint norm between two steps; None or inf only
+            measure (no rescaling).
+        device: Warp device.
+
+    Attributes:
+        sumsq: float64 ``(horizon, world_count)``: the squared pre-clip adjoint norm of
+            state ``t + 1`` of every world, written during the last backward.
+        elapsed_s: Host time spent in the backward callbacks since construction [s] (on a
+            CPU device the launches are synchronous, so this is their cost).
+    """
+
+    def __init__(
+        self, *, horizon: int, world_count: int, max_norm: float | None = None, device: wp.context.Devicelike = None
+    ):
+        if max_norm is not None and not float(max_norm) >= 0.0:
+            raise ValueError(f"clip.adjoint.max_norm must be null or >= 0, got {max_norm}")
+        self.horizon = int(horizon)
+        self.world_count = int(world_count)
+        self.max_norm = None if max_norm is None else float(max_norm)
+        self.device = wp.get_device(device)
+        self.sumsq = wp.zeros((self.horizon, self.world_count), dtype=wp.float64, device=self.device)
+        self.elapsed_s = 0.0
+
+    @property
+    def scales(self) -> bool:
+        """Whether the callbacks rescale (a finite ``max_norm``) or only measure."""
+        return self.max_norm is not None and np.isfinite(self.max_norm)
+
+    def step_hook(self, tape: wp.Tape):
+        """Zero the profile and return the ``after_step`` hook that records into ``tape``."""
+        self.sumsq.zero_()
+
+        def hook(step: int, arrays: list[wp.array]) -> None:
+            if not 0 <= step < self.horizon:
+                raise ValueError(f"AdjointClipper: step {step} outside the horizon {self.horizon}")
+            if not 1 <= len(arrays) <= MAX_STATE_ARRAYS:
+                raise ValueError(f"AdjointClipper: 1 to {MAX_STATE_ARRAYS} state arrays per step, got {len(arrays)}")
+            views = [_flat_grad_view(array, self.world_count) for array in arrays]
+            views += [views[0]] * (MAX_STATE_ARRAYS - len(views))
+            tape.record_func(lambda: self._backward(step, len(arrays), views), arrays)
+
+        return hook
+
+    def _backward(self, step: int, count: int, views: list[wp.array]) -> None:
+        start = time.perf_counter()
+        wp.launch(
+            _adjoint_clip_kernel,
+            dim=self.world_count,
+            inputs=[step, count, wp.float64(self.max_norm or 0.0), int(self.scales), *views, self.sumsq],
+            device=self.device,
+        )
+        self.elapsed_s += time.perf_counter() - start
+
+    def profile(self) -> np.ndarray:
+        """Host copy of the per-step, per-world pre-clip adjoint norms, ``(horizon, world_count)``.
+
+        Row ``t`` is the adjoint of state ``t + 1`` when it reached the hook of step ``t``.
+        One device read: call it at log iterations only.
+        """
+        return np.sqrt(self.sumsq.numpy())
+
+
+def profile_summary(profile: np.ndarray, *, max_norm: float | None = None) -> dict[str, float]:
+    """Scalars of a profile for TensorBoard (``adjoint/...`` tags).
+
+    Returns:
+        ``adjoint/norm_max`` (largest per-world step norm), ``adjoint/norm_first`` (the
+        largest over worlds at the first step, i.e. the adjoint reaching state 1),
+        ``adjoint/growth_per_100_steps`` (the mean increase of ``log10`` of the
+        world-maximum norm per 100 steps backwards in time, from a least-squares line over
+        the finite non-zero entries), and ``adjoint/clipped_fraction`` (share of step and
+        world pairs above ``max_norm``; 0 without a finite ``max_norm``).
+    """
+    profile = np.asarray(profile, dtype=np.float64)
+    peak = profile.max(axis=1)
+    steps = np.arange(profile.shape[0])
+    ok = np.isfinite(peak) & (peak > 0)
+    growth = 0.0
+    if ok.sum() >= 2:
+        slope = np.polyfit(steps[ok], np.log10(peak[ok]), 1)[0]
+        growth = float(-100.0 * slope)
+    clipped = 0.0
+    if max_norm is not None and np.isfinite(max_norm):
+        clipped = float(np.mean(profile > max_norm))
+    return {
+        "adjoint/norm_max": float(np.nanmax(profile)) if profile.size else 0.0,
+        "adjoint/norm_first": float(peak[0]) if profile.size else 0.0,
+        "adjoint/growth_per_100_steps": growth,
+        "adjoint/clipped_fraction": clipped,
+    }
+
+
+def profile_image(
+    profile: np.ndarray, *, max_norm: float | None = None, dt: float | None = None, title: str = ""
+) -> np.ndarray:
+    """Plot a profile (``log10`` adjoint norm against the step, one line per world) as an image.
+
+    Args:
+        profile: ``(horizon, world_count)`` norms, as from :meth:`AdjointClipper.profile`.
+        max_norm: Drawn as a horizontal line when finite.
+        dt: Time step [s]; the x axis is then time [s] instead of the step index.
+        title: Figure title.
+
+    Returns:
+        An RGB image, uint8 ``(height, width, 3)`` (``dataformats="HWC"`` for tensorboardX).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    profile = np.asarray(profile, dtype=np.float64)
+    x = np.arange(profile.shape[0]) * (dt if dt else 1.0)
+    fig = Figure(figsize=(6.4, 3.2), dpi=100)
+    canvas = FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    with np.errstate(divide="ignore"):
+        for w in range(profile.shape[1]):
+            ax.plot(x, np.log10(profile[:, w]), linewidth=1.0, label=f"world {w}" if profile.shape[1] <= 8 else None)
+    if max_norm is not None and np.isfinite(max_norm) and max_norm > 0:
+        ax.axhline(np.log10(max_norm), color="k", linestyle="--", linewidth=1.0, label="max_norm")
+    ax.set_xlabel("time [s]" if dt else "step")
+    ax.set_ylabel("log10 |adjoint of state t+1|")
+    if title:
+        ax.set_title(title)
+    if profile.shape[1] <= 8 or max_norm is not None:
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    canvas.draw()
+    image = np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
+    return image
+
+
+def profile_histogram_values(profile: np.ndarray) -> dict[str, np.ndarray]:
+    """The values to histogram: ``log10`` of every finite, non-zero per-step, per-world norm."""
+    flat = np.asarray(profile, dtype=np.float64).ravel()
+    flat = flat[np.isfinite(flat) & (flat > 0)]
+    return {"hist/adjoint/log10_norm_pre": np.log10(flat)}

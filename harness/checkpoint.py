@@ -1,0 +1,142 @@
+"""Checkpoints: atomic, checksummed, the last K kept; exact resume.
+
+A checkpoint file ``<run>/checkpoints/ckpt_<iteration>.hckpt`` is::
+
+    MAGIC (8 bytes) | SHA-256 of the payload (32 bytes) | payload
+
+where the payload is an uncompressed ``.npz`` archive of named numpy arrays (the flat
+parameter buffer, the optimizer and clip-policy state arrays, host-side run state) plus
+one ``meta`` entry holding JSON (iteration, best loss, env name, parameter layout, the
+resolved config). Loading verifies the magic, the length and the checksum before
+anything is used, so a truncated or bit-flipped file is refused with a clear message.
+
+Writing goes to a temporary file in the same folder, is flushed and fsynced, then
+renamed over the final name (atomic on POSIX), and the folder is fsynced: a process
+killed at any instant leaves either the previous checkpoints alone or the new one
+complete. Only after the rename are checkpoints beyond the newest ``keep`` deleted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"HCKPT\x00\x01\x00"
+SUFFIX = ".hckpt"
+_NAME = re.compile(r"^ckpt_(\d+)\.hckpt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and the reason."""
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """What a checkpoint holds.
+
+    Attributes:
+        arrays: Named numpy arrays (``params/data``, ``optim/<key>``, ``clip/<key>``, ...).
+        meta: JSON-serialisable run state (iteration, best loss, env, layout, config, ...).
+        path: Where it was read from (None before it is written).
+    """
+
+    arrays: dict[str, np.ndarray]
+    meta: dict[str, Any]
+    path: Path | None = None
+
+    @property
+    def iteration(self) -> int:
+        """Iterations completed when the checkpoint was taken (the next one to run)."""
+        return int(self.meta["iteration"])
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Checkpoint files in ``folder``, oldest first (by iteration in the name)."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(checkpoint: Checkpoint, folder: Path, *, keep: int) -> Path:
+    """Write ``checkpoint`` atomically into ``folder`` and keep the newest ``keep`` files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    meta = np.frombuffer(json.dumps(checkpoint.meta, allow_nan=True).encode(), dtype=np.uint8)
+    np.savez(buffer, meta=meta, **{f"a/{k}": v for k, v in checkpoint.arrays.items()})
+    payload = buffer.getvalue()
+    final = folder / f"ckpt_{checkpoint.iteration:08d}{SUFFIX}"
+    tmp = folder / f".{final.name}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(MAGIC)
+        f.write(hashlib.sha256(payload).digest())
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(folder)
+    for old in list_checkpoints(folder)[:-keep]:
+        old.unlink()
+    checkpoint.path = final
+    return final
+
+
+def load(path: Path) -> Checkpoint:
+    """Read and verify a checkpoint file; raises :class:`CheckpointError` when unusable."""
+    path = Path(path)
+    try:
+        blob = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"resume: cannot read checkpoint '{path}' ({exc.strerror})") from None
+    header = len(MAGIC) + 32
+    if len(blob) < header or blob[: len(MAGIC)] != MAGIC:
+        raise CheckpointError(f"resume: '{path}' is not a harness checkpoint (bad header; truncated or foreign file)")
+    digest, payload = blob[len(MAGIC) : header], blob[header:]
+    if hashlib.sha256(payload).digest() != digest:
+        raise CheckpointError(f"resume: checkpoint '{path}' is corrupted (checksum mismatch: truncated or modified)")
+    with np.load(io.BytesIO(payload), allow_pickle=False) as data:
+        meta = json.loads(bytes(data["meta"]).decode())
+        arrays = {k[2:]: data[k].copy() for k in data.files if k.startswith("a/")}
+    return Checkpoint(arrays=arrays, meta=meta, path=path)
+
+
+def resolve(resume: str, run_dir: Path) -> Path | None:
+    """The checkpoint file ``resume`` points at.
+
+    Args:
+        resume: ``auto`` (the newest checkpoint of ``run_dir``, None when there is none),
+            a checkpoint file, or a run folder (its newest checkpoint).
+        run_dir: This run's folder.
+    """
+    if resume == "auto":
+        found = list_checkpoints(checkpoint_dir(run_dir))
+        return found[-1] if found else None
+    path = Path(resume)
+    if path.is_dir():
+        found = list_checkpoints(checkpoint_dir(path)) or list_checkpoints(path)
+        if not found:
+            raise CheckpointError(f"resume: no checkpoint in '{path}' (looked for checkpoints/ckpt_*{SUFFIX})")
+        return found[-1]
+    if not path.exists():
+        raise CheckpointError(f"resume: '{path}' does not exist; accepted: auto, a run folder or a checkpoint file")
+    return path

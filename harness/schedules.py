@@ -1,0 +1,407 @@
+"""Learning-rate schedules that write the optimizer's device learning rate, and the clip-aware rule.
+
+This module owns the ``schedule`` config group (``configs/schedule/``): :func:`constant`,
+:func:`linear_warmup`, :func:`cosine_decay` and :func:`step_decay`, each with an optional
+clip-aware rule that lowers the rate when too many recent steps were clipped. A
+:class:`Schedule` multiplies the optimizer's initial rate by a factor of the device step
+counter: ``state["lr"] = base_lr * factor(k) * scale``, with ``k`` the number of steps
+taken (``opt_state["step"]``) and ``scale`` the clip-aware multiplier (1 unless it fired).
+
+One :meth:`Schedule.update` is one single-thread launch that reads the counter (and the
+clip policy's ``clipped`` flag) on the device and writes ``opt_state["lr"]``: no host
+round trip, fixed arguments, so it is captured in the same CUDA graph as the step. Call it
+after clipping and before ``optimizer.step``, once per iteration; step ``k + 1`` then runs
+at ``base_lr * factor(k)``, the rate ``torch.optim.lr_scheduler`` gives the ``k``-th step
+when ``scheduler.step()`` follows ``optimizer.step()``.
+
+Factors (``W`` = ``warmup_steps``, ``s`` = ``start_factor``, ``j = k - W``):
+
+- warmup, ``k < W``: ``s + (1 - s) * k / W`` (``torch.optim.lr_scheduler.LinearLR``);
+- constant: 1;
+- cosine, ``T`` = ``decay_steps``, ``m`` = ``min_factor``:
+  ``m + (1 - m) * (1 + cos(pi * min(j, T) / T)) / 2`` (``CosineAnnealingLR``, held at
+  ``m`` after ``T`` instead of rising again);
+- step: ``gamma ** (j // step_size)`` (``StepLR``).
+
+The clip-aware rule (after the advice to lower the rate when many consecutive steps clip;
+Pascanu et al. 2013 motivate clipping itself) keeps the clipped flags of the last
+``clip_window`` steps. When the window is full and more than ``clip_fraction`` of it was
+clipped, ``scale = max(scale * clip_factor, clip_min_scale)``, the firing is counted and
+recorded with its step, and the window is emptied (the next firing needs ``clip_window``
+new steps). :meth:`Schedule.read_reductions` reports firings at log intervals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import warp as wp
+
+__all__ = ["SCHEDULES", "Schedule", "constant", "cosine_decay", "linear_warmup", "step_decay"]
+
+State = dict[str, wp.array]
+
+_CONSTANT, _COSINE, _STEP = 0, 1, 2
+
+
+@wp.kernel
+def _schedule_kernel(
+    kind: int,
+    warmup_steps: int,
+    start_factor: wp.float64,
+    decay_steps: int,
+    min_factor: wp.float64,
+    step_size: int,
+    gamma: wp.float64,
+    clip_aware: int,
+    clip_fraction: wp.float64,
+    clip_factor: wp.float32,
+    clip_min_scale: wp.float32,
+    step: wp.array(dtype=wp.int32),
+    clipped: wp.array(dtype=wp.int32),
+    base_lr: wp.array(dtype=wp.float32),
+    scale: wp.array(dtype=wp.float32),
+    window: wp.array(dtype=wp.int32),
+    window_seen: wp.array(dtype=wp.int32),
+    window_clipped: wp.array(dtype=wp.int32),
+    reductions: wp.array(dtype=wp.int32),
+    last_reduction_step: wp.array(dtype=wp.int32),
+    last_reduction_clipped: wp.array(dtype=wp.int32),
+    lr: wp.array(dtype=wp.float32),
+):
+    k = step[0]
+    if clip_aware != 0:
+        size = window.shape[0]
+        slot = window_seen[0] % size
+        flag = wp.int32(0)
+        if clipped[0] != 0:
+            flag = wp.int32(1)
+        count = window_clipped[0] - window[slot] + flag
+        window[slot] = flag
+        seen = window_seen[0] + 1
+        if seen >= size and wp.float64(count) > clip_fraction * wp.float64(size):
+            scale[0] = wp.max(scale[0] * clip_factor, clip_min_scale)
+            reductions[0] = reductions[0] + 1
+            last_reduction_step[0] = k
+            last_reduction_clipped[0] = count
+            for s in range(size):
+                window[s] = 0
+            count = wp.int32(0)
+            seen = wp.int32(0)
+        window_seen[0] = seen
+        window_clipped[0] = count
+
+    factor = wp.float64(1.0)
+    if k < warmup_steps:
+        factor = start_factor + (wp.float64(1.0) - start_factor) * wp.float64(k) / wp.float64(warmup_steps)
+    elif kind == 1:
+        j = wp.min(k - warmup_steps, decay_steps)
+        cosine = wp.cos(wp.float64(wp.pi) * wp.float64(j) / wp.float64(decay_steps))
+        factor = min_factor + (wp.float64(1.0) - min_factor) * (wp.float64(1.0) + cosine) / wp.float64(2.0)
+    elif kind == 2:
+        factor = wp.pow(gamma, wp.float64((k - warmup_steps) // step_size))
+    lr[0] = wp.float32(wp.float64(base_lr[0]) * factor * wp.float64(scale[0]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A learning-rate schedule; built by the factories of this module.
+
+    Attributes:
+        name: The option name (``"constant"``, ``"linear_warmup"``, ``"cosine"``, ``"step"``).
+        hyperparameters: The validated keyword arguments of the factory, for logs and hparams.
+    """
+
+    name: str
+    hyperparameters: dict[str, Any]
+    _kind: int
+    _warmup_steps: int
+    _start_factor: float
+    _decay_steps: int = 1
+    _min_factor: float = 0.0
+    _step_size: int = 1
+    _gamma: float = 1.0
+
+    @property
+    def clip_aware(self) -> bool:
+        return bool(self.hyperparameters["clip_aware"])
+
+    def init(self, opt_state: State) -> State:
+        """Allocate the schedule state; the base rate is the optimizer's current ``opt_state["lr"]``.
+
+        Args:
+            opt_state: The optimizer state (from ``Optimizer.init``), before any step.
+
+        Returns:
+            ``"base_lr"`` (float32 ``(1,)``), ``"scale"`` (float32 ``(1,)``, the clip-aware
+            multiplier), the window (``"window"`` int32 ``(clip_window,)``, ``"window_seen"``,
+            ``"window_clipped"``) and the firing record (``"reductions"``, count;
+            ``"last_reduction_step"``, ``-1`` before any; ``"last_reduction_clipped"``), all
+            int32 ``(1,)`` unless stated.
+        """
+        lr = opt_state["lr"]
+        device = lr.device
+        state = {"base_lr": wp.clone(lr), "scale": wp.ones(1, dtype=wp.float32, device=device)}
+        state["window"] = wp.zeros(self.hyperparameters["clip_window"], dtype=wp.int32, device=device)
+        for key in ("window_seen", "window_clipped", "reductions", "last_reduction_clipped"):
+            state[key] = wp.zeros(1, dtype=wp.int32, device=device)
+        state["last_reduction_step"] = wp.full(1, -1, dtype=wp.int32, device=device)
+        return state
+
+    def update(self, opt_state: State, state: State, clipped: wp.array | None = None) -> None:
+        """Write ``opt_state["lr"]`` for the coming step (one single-thread launch).
+
+        Args:
+            opt_state: The optimizer state; ``"step"`` is read, ``"lr"`` written.
+            state: This schedule's state, updated in place.
+            clipped: The clip policy's ``clipped`` flag (int32 ``(1,)``, 1 when this
+                iteration's gradient was clipped); required when the clip-aware rule is on,
+                ignored otherwise.
+
+        Raises:
+            ValueError: If the clip-aware rule is on and ``clipped`` is None.
+        """
+        if clipped is None:
+            if self.clip_aware:
+                raise ValueError("schedule: the clip-aware rule needs the clip state's 'clipped' flag")
+            clipped = state["window_seen"]  # never read with the rule off
+        hp = self.hyperparameters
+        wp.launch(
+            _schedule_kernel,
+            dim=1,
+            inputs=[
+                self._kind,
+                self._warmup_steps,
+                wp.float64(self._start_factor),
+                self._decay_steps,
+                wp.float64(self._min_factor),
+                self._step_size,
+                wp.float64(self._gamma),
+                int(self.clip_aware),
+                wp.float64(hp["clip_fraction"]),
+                wp.float32(hp["clip_factor"]),
+                wp.float32(hp["clip_min_scale"]),
+                opt_state["step"],
+                clipped,
+                *(state[key] for key in _STATE_ORDER),
+                opt_state["lr"],
+            ],
+            device=opt_state["step"].device,
+        )
+
+    def scalars(self, state: State) -> dict[str, wp.array]:
+        """Device scalars to log every step, by TensorBoard tag: ``optim/lr_scale`` (float32 ``(1,)``)."""
+        return {"optim/lr_scale": state["scale"]}
+
+    def read_reductions(self, state: State) -> tuple[int, str | None]:
+        """How often the clip-aware rule fired, and a line describing the latest firing.
+
+        Host round trip: call at log intervals only.
+
+        Returns:
+            ``(count, message)``; the message is None before the first firing.
+        """
+        count = int(state["reductions"].numpy()[0])
+        if count == 0:
+            return 0, None
+        hp = self.hyperparameters
+        message = (
+            f"clip-aware schedule: lr scale lowered to {float(state['scale'].numpy()[0]):.4g} at step "
+            f"{int(state['last_reduction_step'].numpy()[0])}: {int(state['last_reduction_clipped'].numpy()[0])} of "
+            f"the last {hp['clip_window']} steps were clipped (more than {hp['clip_fraction']:.0%}); "
+            f"{count} reduction(s) so far"
+        )
+        return count, message
+
+
+_STATE_ORDER = (
+    "base_lr",
+    "scale",
+    "window",
+    "window_seen",
+    "window_clipped",
+    "reductions",
+    "last_reduction_step",
+    "last_reduction_clipped",
+)
+"""Schedule state arrays in the order the kernel takes them."""
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check(field: str, value: object, ok: bool, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"schedule.{field} must be {rule}, got {value!r}")
+
+
+def _integer(field: str, value: object, minimum: int) -> int:
+    _check(
+        field,
+        value,
+        isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+        f"an integer >= {minimum}",
+    )
+    return int(value)
+
+
+def _unit(field: str, value: object, *, open_low: bool = False) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    ok = (0.0 < number if open_low else 0.0 <= number) and number <= 1.0
+    _check(field, value, ok, "in (0, 1]" if open_low else "in [0, 1]")
+    return number
+
+
+_CLIP_RULE_DEFAULTS = {
+    "clip_aware": False,
+    "clip_window": 20,
+    "clip_fraction": 0.5,
+    "clip_factor": 0.5,
+    "clip_min_scale": 0.01,
+}
+"""Keyword arguments of the clip-aware rule that every factory accepts, with their defaults."""
+
+
+def _build(
+    name: str, kind: int, shape: dict[str, Any], *, warmup_steps: int, start_factor: float, **clip_rule: Any
+) -> Schedule:
+    unknown = sorted(set(clip_rule) - set(_CLIP_RULE_DEFAULTS))
+    if unknown:
+        raise ValueError(
+            f"schedule.{unknown[0]} is not a field of schedule {name}; accepted besides its own: "
+            + ", ".join(_CLIP_RULE_DEFAULTS)
+        )
+    clip_rule = {**_CLIP_RULE_DEFAULTS, **clip_rule}
+    clip_aware, clip_window, clip_fraction = (
+        clip_rule["clip_aware"],
+        clip_rule["clip_window"],
+        clip_rule["clip_fraction"],
+    )
+    clip_factor, clip_min_scale = clip_rule["clip_factor"], clip_rule["clip_min_scale"]
+    warmup_steps = _integer("warmup_steps", warmup_steps, 0)
+    start_factor = _unit("start_factor", start_factor)
+    _check("clip_aware", clip_aware, isinstance(clip_aware, bool), "true or false")
+    clip_window = _integer("clip_window", clip_window, 1)
+    clip_fraction = _unit("clip_fraction", clip_fraction)
+    _check("clip_fraction", clip_fraction, clip_fraction < 1.0, "in [0, 1) (the rule fires above it)")
+    clip_factor = _unit("clip_factor", clip_factor, open_low=True)
+    clip_min_scale = _unit("clip_min_scale", clip_min_scale)
+    hyperparameters = {
+        **shape,
+        "warmup_steps": warmup_steps,
+        "start_factor": start_factor,
+        "clip_aware": clip_aware,
+        "clip_window": clip_window,
+        "clip_fraction": clip_fraction,
+        "clip_factor": clip_factor,
+        "clip_min_scale": clip_min_scale,
+    }
+    private = {f"_{key}": value for key, value in shape.items()}
+    return Schedule(name, hyperparameters, kind, warmup_steps, start_factor, **private)
+
+
+def constant(**clip_rule: Any) -> Schedule:
+    """The optimizer's rate unchanged (factor 1), optionally with the clip-aware rule.
+
+    Args:
+        **clip_rule: ``clip_aware`` (bool, default False), ``clip_window`` (int >= 1, 20),
+            ``clip_fraction`` (in [0, 1), 0.5), ``clip_factor`` (in (0, 1], 0.5),
+            ``clip_min_scale`` (in [0, 1], 0.01): see the module docstring.
+
+    Returns:
+        The schedule.
+
+    Raises:
+        ValueError: If an argument is out of range (the message names ``schedule.<field>``).
+    """
+    return _build("constant", _CONSTANT, {}, warmup_steps=0, start_factor=1.0, **clip_rule)
+
+
+def linear_warmup(warmup_steps: int = 10, *, start_factor: float = 0.1, **clip_rule: Any) -> Schedule:
+    """Linear warmup from ``start_factor`` to 1 over ``warmup_steps`` steps, then constant.
+
+    ``factor(k) = start_factor + (1 - start_factor) * min(k, W) / W``, as
+    ``torch.optim.lr_scheduler.LinearLR(start_factor, 1.0, total_iters=W)``.
+
+    Args:
+        warmup_steps: ``W``, steps until the full rate, ``>= 0`` (0: constant).
+        start_factor: Factor of the first step, in ``[0, 1]`` (torch's default is 1/3).
+        **clip_rule: The clip-aware rule, as in :func:`constant`.
+
+    Returns:
+        The schedule.
+
+    Raises:
+        ValueError: If an argument is out of range (the message names ``schedule.<field>``).
+    """
+    return _build("linear_warmup", _CONSTANT, {}, warmup_steps=warmup_steps, start_factor=start_factor, **clip_rule)
+
+
+def cosine_decay(
+    decay_steps: int,
+    *,
+    min_factor: float = 0.0,
+    warmup_steps: int = 0,
+    start_factor: float = 0.1,
+    **clip_rule: Any,
+) -> Schedule:
+    """Cosine decay (Loshchilov & Hutter 2017, SGDR without restarts) after an optional linear warmup.
+
+    ``factor = m + (1 - m) * (1 + cos(pi * min(j, T) / T)) / 2`` with ``j = k - W``, as
+    ``torch.optim.lr_scheduler.CosineAnnealingLR(T_max=T, eta_min=m * base_lr)``, held at
+    ``m`` after ``T`` steps.
+
+    Args:
+        decay_steps: ``T``, steps from the full rate to ``min_factor``, ``>= 1``
+            (``configs/schedule/cosine.yaml`` sets it to the run's ``iterations``).
+        min_factor: ``m``, final factor, in ``[0, 1]``.
+        warmup_steps: Linear warmup steps before the decay, ``>= 0``.
+        start_factor: Warmup factor of the first step, in ``[0, 1]``.
+        **clip_rule: The clip-aware rule, as in :func:`constant`.
+
+    Returns:
+        The schedule.
+
+    Raises:
+        ValueError: If an argument is out of range (the message names ``schedule.<field>``).
+    """
+    shape = {"decay_steps": _integer("decay_steps", decay_steps, 1), "min_factor": _unit("min_factor", min_factor)}
+    return _build("cosine", _COSINE, shape, warmup_steps=warmup_steps, start_factor=start_factor, **clip_rule)
+
+
+def step_decay(
+    step_size: int,
+    *,
+    gamma: float = 0.1,
+    warmup_steps: int = 0,
+    start_factor: float = 0.1,
+    **clip_rule: Any,
+) -> Schedule:
+    """Step decay: the rate is multiplied by ``gamma`` every ``step_size`` steps after an optional warmup.
+
+    ``factor = gamma ** ((k - W) // step_size)``, as ``torch.optim.lr_scheduler.StepLR``.
+
+    Args:
+        step_size: Steps between two decays, ``>= 1``.
+        gamma: Multiplier per decay, in ``(0, 1]``.
+        warmup_steps: Linear warmup steps before the decay, ``>= 0``.
+        start_factor: Warmup factor of the first step, in ``[0, 1]``.
+        **clip_rule: The clip-aware rule, as in :func:`constant`.
+
+    Returns:
+        The schedule.
+
+    Raises:
+        ValueError: If an argument is out of range (the message names ``schedule.<field>``).
+    """
+    shape = {"step_size": _integer("step_size", step_size, 1), "gamma": _unit("gamma", gamma, open_low=True)}
+    return _build("step", _STEP, shape, warmup_steps=warmup_steps, start_factor=start_factor, **clip_rule)
+
+
+SCHEDULES = {"constant": constant, "linear_warmup": linear_warmup, "cosine": cosine_decay, "step": step_decay}
+"""Factories by option name; the same names as the files of ``configs/schedule/``."""

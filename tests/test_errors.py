@@ -1,0 +1,68 @@
+"""Bad input: one line naming the field and what is accepted, exit 2, no traceback, and
+nothing written (validation runs before Hydra creates a folder or a kernel is compiled)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = ["+env=cartpole", "env.horizon=4", "env.world_count=1", "iterations=1"]
+
+CASES = [
+    # (id, extra arguments (without ENV when the case replaces it), field named, what is accepted)
+    ("missing_env", ["train"], "env:", "+env=NAME"),
+    ("unknown_env", ["train", "+env=pendulum"], "env:", "accepted: cartpole"),
+    ("unknown_clip", ["train", *ENV, "clip=bogus"], "clip:", "accepted: "),
+    ("unknown_optim", ["train", *ENV, "optim=nadam"], "optim:", "adam"),
+    ("unknown_loss", ["train", *ENV, "loss=nope"], "loss:", "cartpole_upright"),
+    ("non_numeric_threshold", ["train", *ENV, "clip.max_norm=abc"], "clip.max_norm", "number"),
+    ("negative_threshold", ["train", *ENV, "clip.max_norm=-1"], "clip.max_norm", ">= 0"),
+    ("negative_lr", ["train", *ENV, "optim.lr=-0.1"], "optim.lr", ">= 0"),
+    ("non_numeric_lr", ["train", *ENV, "optim.lr=fast"], "optim.lr", "number"),
+    ("zero_horizon", ["train", *ENV, "env.horizon=0"], "env.horizon", ">= 1"),
+    ("negative_world_count", ["train", *ENV, "env.world_count=-3"], "env.world_count", ">= 1"),
+    ("zero_iterations", ["train", *ENV, "iterations=0"], "iterations", ">= 1"),
+    ("unknown_device", ["train", *ENV, "device=cuda:7"], "device", "cpu"),
+    ("unknown_command", ["fly"], "command", "train"),
+]
+
+
+def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def assert_clean_rejection(proc: subprocess.CompletedProcess, field: str, accepted: str, cwd: Path) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "CUDA" not in line]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    assert field in lines[0] and accepted in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (cwd / "outputs").exists() and not (cwd / "multirun").exists()
+
+
+@pytest.mark.parametrize(("args", "field", "accepted"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_rejected_in_one_line_before_anything_is_written(args, field, accepted, tmp_path):
+    assert_clean_rejection(run(args, tmp_path), field, accepted, tmp_path)
+
+
+def test_output_folder_that_cannot_be_created_is_rejected(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    proc = run(["train", *ENV, f"hydra.run.dir={blocker / 'run'}"], tmp_path)
+    assert_clean_rejection(proc, "hydra.run.dir", "is not a folder", tmp_path)
+    assert blocker.read_text() == "not a folder"
+
+
+def test_zero_learning_rate_is_accepted_and_measures_without_moving(tmp_path):
+    """lr = 0 is valid (as in PyTorch): gradients are measured, parameters stay put."""
+    proc = run(["train", *ENV, "iterations=2", "optim.lr=0", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
