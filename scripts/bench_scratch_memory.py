@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import time
 
-import harness  # noqa: F401  (quiet Warp)
 import newton
 import warp as wp
 
+import harness  # noqa: F401  (quiet Warp)
 from envs.cartpole import FEATHERSTONE_SCRATCH, CartpoleEnv
 
 
