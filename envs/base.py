@@ -53,6 +53,13 @@ class Env(abc.ABC):
             TypeError: for an unknown field.
         """
 
+    @classmethod
+    def parameter_shapes(cls, **fields: Any) -> dict[str, tuple[int, ...]] | None:
+        """Shapes of the trainable parameters for these constructor arguments, without
+        building anything (lets a resume be checked before any kernel compiles); None
+        when the env cannot tell."""
+        return None
+
     @abc.abstractmethod
     def parameter_specs(self) -> list[ParamSpec]:
         """The trainable parameters and their initial values."""

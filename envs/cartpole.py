@@ -158,8 +158,13 @@ class CartpoleEnv(Env):
         if not isinstance(per_step_scratch, bool):
             raise ValueError(f"env.per_step_scratch: must be true or false, got {per_step_scratch!r}")
 
+    @classmethod
+    def parameter_shapes(cls, **fields: Any) -> dict[str, tuple[int, ...]]:
+        return {"controls": (int(fields.get("horizon", 240)), int(fields.get("world_count", 4)))}
+
     def parameter_specs(self) -> list[ParamSpec]:
-        return [ParamSpec("controls", (self.horizon, self.world_count))]
+        shapes = self.parameter_shapes(horizon=self.horizon, world_count=self.world_count)
+        return [ParamSpec(name, shape) for name, shape in shapes.items()]
 
     def observables(self) -> dict[str, int]:
         return {"joint_q": self.dofs_per_world, "joint_qd": self.dofs_per_world, "controls": 1}

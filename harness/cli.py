@@ -91,12 +91,14 @@ def train_command(cfg: DictConfig) -> float:
             flush=True,
         )
         sys.exit(128 + exc.signum)
-    except (NonFiniteGradientError, checkpoint.CheckpointError) as exc:
+    except checkpoint.CheckpointError as exc:  # refused before training: the run folder stays as it was
+        _fail(exc)
+    except NonFiniteGradientError as exc:
         write_json(run_dir / "summary.json", {"status": "failed", "error": str(exc)})
         saved = checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))
-        last = f"; last good checkpoint: {saved[-1]}" if saved and isinstance(exc, NonFiniteGradientError) else ""
+        last = f"; last good checkpoint: {saved[-1]}" if saved else "; no checkpoint was written before it"
         print(f"error: {exc}{last}", file=sys.stderr, flush=True)
-        sys.exit(1 if isinstance(exc, NonFiniteGradientError) else 2)
+        sys.exit(1)
     except Exception as exc:
         write_json(run_dir / "summary.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
         raise

@@ -236,11 +236,17 @@ def precheck(config_name: str, args: list[str]) -> None:
     _check_writable(field, Path(str(given.get(field, default_root))))
     resume = cfg.get("resume")
     if resume is not None and not multirun:
-        _check_checkpoint(str(resume), given.get("hydra.run.dir"), env=choices.get("env"))
+        _check_checkpoint(str(resume), given.get("hydra.run.dir"), env=choices.get("env"), shapes=_env_shapes(cfg))
 
 
-def _check_checkpoint(resume: str, run_dir: Any, *, env: str | None) -> None:
-    """Verify the checkpoint a resume would read (checksum, env) before anything runs."""
+def _env_shapes(cfg: DictConfig) -> dict[str, tuple[int, ...]] | None:
+    fields = OmegaConf.to_container(cfg.env, resolve=True)
+    env_class = hydra.utils.get_class(fields.pop("_target_"))
+    return env_class.parameter_shapes(**fields)
+
+
+def _check_checkpoint(resume: str, run_dir: Any, *, env: str | None, shapes: dict | None) -> None:
+    """Verify the checkpoint a resume would read (checksum, env, parameter shapes) before anything runs."""
     from harness import checkpoint
 
     if resume == "auto" and run_dir is None:
@@ -256,6 +262,12 @@ def _check_checkpoint(resume: str, run_dir: Any, *, env: str | None) -> None:
         raise ConfigError(
             f"resume: checkpoint '{path}' was written by env '{saved.meta.get('env')}'; this run's env is '{env}'"
         )
+    if shapes is not None:
+        saved_shapes = {name: tuple(shape) for name, shape, *_ in saved.meta.get("layout", [])}
+        if saved_shapes != {name: tuple(shape) for name, shape in shapes.items()}:
+            raise ConfigError(
+                f"resume: checkpoint '{path}' holds parameters {saved_shapes}; this run's are {dict(shapes)}"
+            )
 
 
 HPARAM_KEYS = (

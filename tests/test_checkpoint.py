@@ -1,0 +1,208 @@
+"""Checkpoints and resume with real processes: SIGKILL mid-run, SIGTERM/SIGINT, corrupted
+files, mismatched runs, determinism, and the non-finite policies in a real training run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from harness import checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ["+env=cartpole", "env.horizon=10", "env.world_count=2", "optim.lr=0.5", "log_every=3"]
+
+
+def start(args: list[str], cwd: Path, **popen) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "harness", "train", *args], cwd=cwd, env=env, **popen)
+
+
+def train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "harness", "train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, "the run ended before the condition was met"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def loss_curve(run_dir: Path) -> tuple[list[int], list[float]]:
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("loss/total")
+    return [e.step for e in events], [e.value for e in events]
+
+
+def final_checkpoint(run_dir: Path) -> checkpoint.Checkpoint:
+    return checkpoint.load(checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))[-1])
+
+
+def test_run_killed_with_sigkill_and_resumed_matches_an_uninterrupted_run_bit_for_bit(tmp_path):
+    args = [*RUN, "iterations=40", "checkpoint.every=5"]
+    straight = train([*args, f"hydra.run.dir={tmp_path / 'straight'}"], tmp_path)
+    assert straight.returncode == 0, straight.stderr
+
+    killed_dir = tmp_path / "killed"
+    proc = start([*args, f"hydra.run.dir={killed_dir}"], tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpts = checkpoint.checkpoint_dir(killed_dir)
+    wait_for(lambda: (ckpts / "ckpt_00000015.hckpt").exists(), proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    newest = checkpoint.list_checkpoints(ckpts)[-1]
+    assert 15 <= checkpoint.load(newest).iteration < 40  # killed part-way, between checkpoints or later
+    assert not (killed_dir / "summary.json").exists()
+
+    resumed = train([*args, "resume=auto", f"hydra.run.dir={killed_dir}"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+
+    a, b = final_checkpoint(tmp_path / "straight"), final_checkpoint(killed_dir)
+    assert a.iteration == b.iteration == 40
+    for key, value in a.arrays.items():
+        np.testing.assert_array_equal(value, b.arrays[key], err_msg=key)
+    steps_a, losses_a = loss_curve(tmp_path / "straight")
+    steps_b, losses_b = loss_curve(killed_dir)
+    assert steps_a == steps_b == list(range(40))  # no duplicated or missing step in the resumed curve
+    assert losses_a == losses_b
+    summary_a = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    summary_b = json.loads((killed_dir / "summary.json").read_text())
+    assert summary_a["final_loss"] == summary_b["final_loss"]
+    assert summary_a["best_loss"] == summary_b["best_loss"]
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_or_sigint_finishes_the_iteration_then_writes_checkpoint_and_summary(tmp_path, sig, code):
+    run_dir = tmp_path / "run"
+    proc = start(
+        [*RUN, "iterations=100000", "checkpoint.every=0", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: list(run_dir.glob("events.out.tfevents.*")), proc)
+    time.sleep(1.0)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert f"interrupted by {sig.name}" in err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == sig.name
+    saved = final_checkpoint(run_dir)
+    assert saved.iteration == summary["iterations_done"] >= 1
+    steps, _ = loss_curve(run_dir)
+    assert steps == list(range(saved.iteration))  # every completed iteration was logged before the checkpoint
+
+
+def make_checkpoints(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    proc = train(
+        [*RUN, "iterations=6", "checkpoint.every=2", "checkpoint.keep=3", f"hydra.run.dir={run_dir}"], tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_damaged_checkpoint_is_refused_and_the_others_stay_untouched(tmp_path, damage):
+    run_dir = make_checkpoints(tmp_path)
+    files = checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))
+    assert [checkpoint.load(p).iteration for p in files] == [2, 4, 6]
+    victim = files[-1]
+    blob = bytearray(victim.read_bytes())
+    if damage == "truncate":
+        victim.write_bytes(bytes(blob[: len(blob) // 2]))
+    else:
+        blob[len(blob) // 3] ^= 0x40
+        victim.write_bytes(bytes(blob))
+    before = digests(victim.parent)
+    summary_before = (run_dir / "summary.json").read_bytes()
+
+    proc = train([*RUN, "iterations=8", "resume=auto", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "CUDA" not in line]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert "corrupted" in lines[0] and victim.name in lines[0]
+    assert digests(victim.parent) == before
+    assert (run_dir / "summary.json").read_bytes() == summary_before
+    # An intact older checkpoint can still be resumed explicitly.
+    ok = train([*RUN, "iterations=8", f"resume={files[0]}", f"hydra.run.dir={tmp_path / 'other'}"], tmp_path)
+    assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [("env.horizon=12", "holds parameters"), ("env.world_count=3", "holds parameters"), ("optim=sgd", "optimizer")],
+)
+def test_checkpoint_of_a_different_run_is_refused_with_nothing_changed(tmp_path, override, message):
+    run_dir = make_checkpoints(tmp_path)
+    before = digests(checkpoint.checkpoint_dir(run_dir))
+    summary_before = (run_dir / "summary.json").read_bytes()
+    proc = train([*RUN, "iterations=8", override, "resume=auto", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "CUDA" not in line]
+    assert len(lines) == 1 and lines[0].startswith("error: resume:") and message in lines[0]
+    assert digests(checkpoint.checkpoint_dir(run_dir)) == before
+    assert (run_dir / "summary.json").read_bytes() == summary_before
+
+
+def test_same_seed_and_config_give_the_same_loss_curve_bit_for_bit(tmp_path):
+    curves = []
+    for name in ("a", "b"):
+        proc = train([*RUN, "iterations=8", "seed=4", f"hydra.run.dir={tmp_path / name}"], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        curves.append(loss_curve(tmp_path / name))
+    assert curves[0] == curves[1]
+    other = train([*RUN, "iterations=8", "seed=5", f"hydra.run.dir={tmp_path / 'c'}"], tmp_path)
+    assert other.returncode == 0
+    assert loss_curve(tmp_path / "c")[1] != curves[0][1]  # the seed matters (initial tilts)
+
+
+# A step size far too large: after the first update the forces are ~1e26 N, the simulation
+# blows up and every later gradient is nan.
+EXPLODE = [*RUN, "optim=sgd", "optim.lr=1e30", "optim.momentum=0", "clip=none", "log_every=1"]
+
+
+def test_error_policy_stops_naming_iteration_and_parameter_and_keeps_the_last_good_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = train(
+        [*EXPLODE, "iterations=5", "checkpoint.every=1", "clip.nonfinite=error", f"hydra.run.dir={run_dir}"], tmp_path
+    )
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "CUDA" not in line]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert "iteration 1" in lines[0] and "'controls'" in lines[0] and "ckpt_00000001" in lines[0]
+    saved = checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))
+    assert [checkpoint.load(p).iteration for p in saved] == [1]
+    assert np.isfinite(checkpoint.load(saved[0]).arrays["params/data"]).all()
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+
+
+def test_skip_policy_continues_and_keeps_parameters_finite(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = train([*EXPLODE, "iterations=5", "clip.nonfinite=skip", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished"
+    assert summary["nonfinite_steps"] == summary["skipped_steps"] == 4  # iterations 1..4
+    params = final_checkpoint(run_dir).arrays["params/data"]
+    assert np.isfinite(params).all()
