@@ -105,7 +105,7 @@ def train_command(cfg: DictConfig) -> float:
     reduction = summary["loss_reduction"]
     print(
         f"done: loss {summary['initial_loss']:.6g} -> {summary['final_loss']:.6g}"
-        + (f" ({100 * reduction:.1f}% lower)" if reduction is not None else "")
+        + (f" ({abs(100 * reduction):.1f}% {'lower' if reduction >= 0 else 'higher'})" if reduction is not None else "")
         + f", {summary['clipped_steps']} clipped steps, {summary['wall_time_s']:.1f} s",
         flush=True,
     )

@@ -1,0 +1,130 @@
+"""The clip, optimizer and schedule features as the trainer runs them on the real cartpole,
+read back from the TensorBoard files with TensorBoard's own reader."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from envs.cartpole import CartpoleEnv
+from harness.clip import clip_by_global_norm, no_clip
+from harness.losses import WeightedLoss
+from harness.optim import adam, adamw_schedulefree
+from harness.schedules import constant, linear_warmup
+from harness.trainer import Trainer, TrainSettings
+from tests.helpers import UPRIGHT_TERMS
+
+
+def trainer(*, horizon=30, worlds=1, iterations=6, log_every=3, clip=None, optimizer=None, schedule=None, loss=None):
+    return Trainer(
+        env=CartpoleEnv(horizon=horizon, world_count=worlds, device="cpu"),
+        loss=WeightedLoss(loss or UPRIGHT_TERMS),
+        optimizer=optimizer or adam(0.5),
+        clip=clip or clip_by_global_norm(1.0),
+        settings=TrainSettings(iterations=iterations, log_every=log_every, device="cpu"),
+        schedule=schedule,
+    )
+
+
+def read(run_dir) -> EventAccumulator:
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "histograms": 0, "images": 0})
+    acc.Reload()
+    return acc
+
+
+def values(acc: EventAccumulator, tag: str) -> list[float]:
+    return [e.value for e in acc.Scalars(tag)]
+
+
+FINAL = {
+    "final_pose": {"source": "joint_q", "steps": "last"},
+    "final_velocity": {"source": "joint_qd", "steps": "last"},
+}
+
+
+def test_adjoint_profile_is_logged_as_histogram_image_and_scalars_at_log_steps(tmp_path):
+    t = trainer(horizon=60, clip=clip_by_global_norm(1.0, adjoint={"max_norm": 1e-3}), loss=FINAL)
+    t.fit(tmp_path)
+    acc = read(tmp_path)
+    assert [e.step for e in acc.Histograms("hist/adjoint/log10_norm_pre")] == [2, 5]
+    images = acc.Images("adjoint/profile")
+    assert [e.step for e in images] == [2, 5]
+    assert images[0].width > 200 and images[0].height > 100 and images[0].encoded_image_string[:4] == b"\x89PNG"
+    assert [e.step for e in acc.Scalars("adjoint/norm_max")] == [2, 5]
+    # The threshold is far below this rollout's adjoint norms, so the clip acts at most steps.
+    assert values(acc, "adjoint/clipped_fraction")[-1] > 0.5
+    assert t.timing["adjoint_clip"] > 0
+
+
+def test_infinite_adjoint_threshold_gives_the_unclipped_gradient_bit_for_bit():
+    plain = trainer(horizon=120, loss=FINAL)
+    plain.forward_backward()
+    measured = trainer(horizon=120, loss=FINAL, clip=clip_by_global_norm(1.0, adjoint={"max_norm": float("inf")}))
+    measured.forward_backward()
+    np.testing.assert_array_equal(plain.params.grad.numpy(), measured.params.grad.numpy())
+    assert measured.adjoint.profile().max() > 0  # it did measure
+
+
+def test_adjoint_clip_bounds_the_gradient_the_loop_sees():
+    plain = trainer(horizon=400, loss=FINAL)
+    plain.forward_backward()
+    clipped = trainer(horizon=400, loss=FINAL, clip=clip_by_global_norm(1e6, adjoint={"max_norm": 0.1}))
+    clipped.forward_backward()
+    g_plain = np.linalg.norm(plain.params.grad.numpy())
+    g_clipped = np.linalg.norm(clipped.params.grad.numpy())
+    assert np.isfinite(g_clipped) and g_clipped < 0.5 * g_plain
+
+
+def test_linear_warmup_schedule_drives_the_logged_learning_rate(tmp_path):
+    t = trainer(iterations=6, log_every=2, schedule=linear_warmup(4, start_factor=0.25))
+    t.fit(tmp_path)
+    lr = values(read(tmp_path), "optim/lr")
+    # torch LinearLR: factor goes 0.25 -> 1 over 4 steps, then stays.
+    np.testing.assert_allclose(lr, 0.5 * np.array([0.25, 0.4375, 0.625, 0.8125, 1.0, 1.0]), rtol=1e-6)
+
+
+def test_clip_aware_rule_lowers_the_rate_and_says_so(tmp_path, capsys):
+    schedule = constant(clip_aware=True, clip_window=3, clip_fraction=0.5, clip_factor=0.5)
+    t = trainer(iterations=6, log_every=2, clip=clip_by_global_norm(1e-9), schedule=schedule)
+    summary = t.fit(tmp_path)
+    acc = read(tmp_path)
+    assert summary["clipped_steps"] == 6
+    assert summary["lr_reductions"] >= 1
+    assert "lr scale lowered" in capsys.readouterr().out
+    assert values(acc, "optim/lr_reductions")[-1] == summary["lr_reductions"]
+    lr = values(acc, "optim/lr")
+    assert lr[0] == pytest.approx(0.5) and lr[-1] < lr[0]
+
+
+def test_schedulefree_is_evaluated_and_saved_at_the_average_x(tmp_path):
+    t = trainer(iterations=5, log_every=5, optimizer=adamw_schedulefree(1.0, warmup_steps=2), clip=no_clip())
+    summary = t.fit(tmp_path)
+    x = t.eval_params().numpy()
+    y = t.params.data.numpy()
+    assert not np.array_equal(x, y)
+    assert summary["final_loss"] == pytest.approx(t.evaluate()[0], rel=0, abs=0)
+    np.testing.assert_array_equal(t.params.data.numpy(), y)  # evaluating x put y back
+    acc = read(tmp_path)
+    assert "optim/avg_weight" in acc.Tags()["scalars"]
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["final_loss"] == summary["final_loss"]
+
+
+def test_skip_policy_counts_the_iterations_it_skipped(tmp_path):
+    t = trainer(iterations=4, log_every=2, clip=clip_by_global_norm(1.0, nonfinite="skip"))
+    t.forward_backward()
+    before = t.params.data.numpy().copy()
+    state_before = {k: v.numpy().copy() for k, v in t.opt_state.items()}
+    t.params.grad.fill_(float("nan"))  # a non-finite gradient, as a solver blow-up would give
+    t.stats_pre.compute(t.params.grad)
+    t.clip.update(t.params, t.clip_state, t.stats_pre)
+    t.skip_guard.save()
+    t.optimizer.step(t.params, t.params.grad, t.opt_state)
+    t.skip_guard.restore()
+    np.testing.assert_array_equal(t.params.data.numpy(), before)
+    for key, value in t.opt_state.items():
+        np.testing.assert_array_equal(value.numpy(), state_before[key], err_msg=key)
+    assert int(t.clip_state["skipped"].numpy()[0]) == 1
