@@ -10,13 +10,29 @@ Importing the package sets Warp's log level before Warp initialises: ``warning``
 default (no start-up banner), or the level named by ``HARNESS_WARP_LOG_LEVEL``
 (``debug``, ``info``, ``warning``, ``error``); ``info`` shows every kernel module load
 and whether it was compiled or taken from the kernel cache.
+
+``HARNESS_DETERMINISTIC`` (``run_to_run`` or ``gpu_to_gpu``) sets
+``warp.config.deterministic`` before any kernel module exists, asking Warp for bit-exact
+float atomics on CUDA (see docs/checkpoints.md); CPU runs are deterministic without it.
 """
 
 import os
+import sys
 
 import warp as wp
 
 _LEVELS = {"debug": wp.LOG_DEBUG, "info": wp.LOG_INFO, "warning": wp.LOG_WARNING, "error": wp.LOG_ERROR}
 wp.config.log_level = _LEVELS.get(os.environ.get("HARNESS_WARP_LOG_LEVEL", "warning").lower(), wp.LOG_WARNING)
+
+_DETERMINISM = {
+    "run_to_run": wp.DeterministicMode.RUN_TO_RUN,
+    "gpu_to_gpu": wp.DeterministicMode.GPU_TO_GPU,
+    "": wp.DeterministicMode.NOT_GUARANTEED,
+}
+_mode = os.environ.get("HARNESS_DETERMINISTIC", "").lower()
+if _mode not in _DETERMINISM:
+    print(f"error: HARNESS_DETERMINISTIC: '{_mode}' is not one of run_to_run, gpu_to_gpu (or unset)", file=sys.stderr)
+    raise SystemExit(2)
+wp.config.deterministic = _DETERMINISM[_mode]
 
 __version__ = "0.1.0"
