@@ -54,6 +54,12 @@ class Env(abc.ABC):
         """
 
     @classmethod
+    def observable_dims(cls, **fields: Any) -> dict[str, int] | None:
+        """The observables' per-world widths for these constructor arguments, without
+        building anything (lets the loss be checked up front); None when the env cannot tell."""
+        return None
+
+    @classmethod
     def parameter_shapes(cls, **fields: Any) -> dict[str, tuple[int, ...]] | None:
         """Shapes of the trainable parameters for these constructor arguments, without
         building anything (lets a resume be checked before any kernel compiles); None
@@ -116,6 +122,12 @@ def require_number(field: str, value: Any, *, minimum: float, strict: bool = Fal
     if not ok:
         relation = ">" if strict else ">="
         raise ValueError(f"env.{field}: must be a finite number {relation} {minimum:g}, got {value!r}")
+
+
+def require_bool(field: str, value: Any) -> None:
+    """Raise a one-line ValueError unless ``value`` is a bool."""
+    if not isinstance(value, bool):
+        raise ValueError(f"env.{field}: must be true or false, got {value!r}")
 
 
 def host_rng(seed: int) -> np.random.Generator:

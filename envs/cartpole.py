@@ -25,7 +25,16 @@ import newton.examples
 import numpy as np
 import warp as wp
 
-from envs.base import Env, StepHook, Trajectory, host_rng, require_int, require_number, zero_array_grads
+from envs.base import (
+    Env,
+    StepHook,
+    Trajectory,
+    host_rng,
+    require_bool,
+    require_int,
+    require_number,
+    zero_array_grads,
+)
 from harness.params import ParamSet, ParamSpec
 
 FEATHERSTONE_SCRATCH = ("M", "J", "P", "H", "L")
@@ -33,6 +42,9 @@ FEATHERSTONE_SCRATCH = ("M", "J", "P", "H", "L")
 
 CART_DOF = 0
 """Index of the cart's prismatic joint among a world's degrees of freedom."""
+
+DOFS_PER_WORLD = 3
+"""Degrees of freedom of one world of cartpole.urdf: the cart's slider and the two pole hinges."""
 
 
 @wp.kernel
@@ -108,6 +120,8 @@ class CartpoleEnv(Env):
         single = newton.ModelBuilder()
         single.add_urdf(newton.examples.get_asset("cartpole.urdf"), floating=False, enable_self_collisions=False)
         self.dofs_per_world = single.joint_dof_count
+        if self.dofs_per_world != DOFS_PER_WORLD:
+            raise RuntimeError(f"cartpole.urdf has {self.dofs_per_world} dofs per world, expected {DOFS_PER_WORLD}")
         builder = newton.ModelBuilder()
         builder.replicate(single, self.world_count, spacing=(0.0, 2.0, 0.0))
         self.model = builder.finalize(device=self.device, requires_grad=True)
@@ -137,37 +151,37 @@ class CartpoleEnv(Env):
         self.joint_q_traj = wp.zeros(shape, dtype=wp.float32, device=self.device, requires_grad=True)
         self.joint_qd_traj = wp.zeros(shape, dtype=wp.float32, device=self.device, requires_grad=True)
 
-    @classmethod
-    def check_config(
-        cls,
-        *,
-        horizon: int = 240,
-        world_count: int = 4,
-        dt: float = 1.0 / 240.0,
-        tilt: float = 0.2,
-        seed: int = 0,
-        per_step_scratch: bool = True,
-        angular_damping: float = 0.05,
-    ) -> None:
-        require_int("horizon", horizon, 1)
-        require_int("world_count", world_count, 1)
-        require_number("dt", dt, minimum=0.0, strict=True)
-        require_number("tilt", tilt, minimum=0.0)
-        require_int("seed", seed, 0)
-        require_number("angular_damping", angular_damping, minimum=0.0)
-        if not isinstance(per_step_scratch, bool):
-            raise ValueError(f"env.per_step_scratch: must be true or false, got {per_step_scratch!r}")
+    _CHECKS: dict[str, Any] = {  # noqa: RUF012  (read-only table)
+        "horizon": lambda v: require_int("horizon", v, 1),
+        "world_count": lambda v: require_int("world_count", v, 1),
+        "dt": lambda v: require_number("dt", v, minimum=0.0, strict=True),
+        "tilt": lambda v: require_number("tilt", v, minimum=0.0),
+        "seed": lambda v: require_int("seed", v, 0),
+        "angular_damping": lambda v: require_number("angular_damping", v, minimum=0.0),
+        "per_step_scratch": lambda v: require_bool("per_step_scratch", v),
+    }
 
     @classmethod
-    def parameter_shapes(cls, **fields: Any) -> dict[str, tuple[int, ...]]:
-        return {"controls": (int(fields.get("horizon", 240)), int(fields.get("world_count", 4)))}
+    def check_config(cls, **fields: Any) -> None:
+        for name, value in fields.items():
+            if name not in cls._CHECKS:
+                raise TypeError(f"unknown field '{name}'; accepted: {', '.join(cls._CHECKS)}")
+            cls._CHECKS[name](value)
+
+    @classmethod
+    def parameter_shapes(cls, *, horizon: int, world_count: int, **_: Any) -> dict[str, tuple[int, ...]]:
+        return {"controls": (int(horizon), int(world_count))}
+
+    @classmethod
+    def observable_dims(cls, **_: Any) -> dict[str, int]:
+        return {"joint_q": DOFS_PER_WORLD, "joint_qd": DOFS_PER_WORLD, "controls": 1}
 
     def parameter_specs(self) -> list[ParamSpec]:
         shapes = self.parameter_shapes(horizon=self.horizon, world_count=self.world_count)
         return [ParamSpec(name, shape) for name, shape in shapes.items()]
 
     def observables(self) -> dict[str, int]:
-        return {"joint_q": self.dofs_per_world, "joint_qd": self.dofs_per_world, "controls": 1}
+        return self.observable_dims()
 
     def rollout(self, params: ParamSet, *, after_step: StepHook | None = None) -> Trajectory:
         controls = params["controls"]
@@ -208,6 +222,10 @@ class CartpoleEnv(Env):
         return [state.joint_q.reshape(shape), state.joint_qd.reshape(shape)]
 
     def zero_grad(self) -> None:
+        # The model's and the solver's own arrays receive adjoints too (gravity, joint
+        # frames, inertias): nothing reads them today, but they must not accumulate.
+        zero_array_grads(self.model)
+        zero_array_grads(self.solver)
         for state in self.states:
             zero_array_grads(state)
         for scratch in self.scratch:

@@ -5,15 +5,18 @@ A checkpoint file ``<run>/checkpoints/ckpt_<iteration>.hckpt`` is::
     MAGIC (8 bytes) | SHA-256 of the payload (32 bytes) | payload
 
 where the payload is an uncompressed ``.npz`` archive of named numpy arrays (the flat
-parameter buffer, the optimizer and clip-policy state arrays, host-side run state) plus
-one ``meta`` entry holding JSON (iteration, best loss, env name, parameter layout, the
-resolved config). Loading verifies the magic, the length and the checksum before
-anything is used, so a truncated or bit-flipped file is refused with a clear message.
+parameter buffer, the optimizer, schedule and clip-policy state arrays) plus one ``meta``
+entry holding JSON (iteration, env name, parameter layout, the names of the optimizer,
+schedule and clip policy, the host tallies, the resolved config). Loading verifies the
+magic, the length and the checksum before anything is used, so a truncated or
+bit-flipped file is refused with a clear message.
 
 Writing goes to a temporary file in the same folder, is flushed and fsynced, then
 renamed over the final name (atomic on POSIX), and the folder is fsynced: a process
 killed at any instant leaves either the previous checkpoints alone or the new one
-complete. Only after the rename are checkpoints beyond the newest ``keep`` deleted.
+complete. Only after the rename are checkpoints beyond the newest ``keep`` deleted. A run
+resumed from an older checkpoint first moves the newer ones of its folder into
+``abandoned/``, so they are neither pruned nor picked by ``resume=auto``.
 """
 
 from __future__ import annotations
@@ -99,6 +102,25 @@ def save(checkpoint: Checkpoint, folder: Path, *, keep: int) -> Path:
         old.unlink()
     checkpoint.path = final
     return final
+
+
+def set_aside_newer(resumed: Path, iteration: int) -> list[Path]:
+    """Move the checkpoints of the same folder that are newer than ``iteration`` into
+    ``abandoned/`` (kept, never deleted), so pruning and ``resume=auto`` follow the run
+    that continues from ``resumed``.
+
+    Returns:
+        The new paths of the moved files.
+    """
+    folder = Path(resumed).parent
+    moved = []
+    for path in list_checkpoints(folder):
+        if int(_NAME.match(path.name).group(1)) > iteration:
+            target = folder / "abandoned" / path.name
+            target.parent.mkdir(exist_ok=True)
+            os.replace(path, target)
+            moved.append(target)
+    return moved
 
 
 def load(path: Path) -> Checkpoint:

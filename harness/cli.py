@@ -70,11 +70,6 @@ def train_command(cfg: DictConfig) -> float:
             write_json(_run_dir() / "summary.json", {"status": "failed", "error": str(exc)})
         _fail(exc)
     run_dir = _run_dir()
-    resume = run.settings.resume
-    if resume not in (None, "auto"):  # continue in the folder the checkpoint belongs to
-        target = Path(resume)
-        run_dir = target if target.is_dir() else target.parent.parent
-        print(f"resuming from {resume}; writing into {run_dir}", flush=True)
     if not (run_dir / "config.yaml").exists():
         (run_dir / "config.yaml").write_text(config.resolved_yaml(cfg))
     trainer = Trainer(run.env, run.loss, run.optimizer, run.clip, run.settings, schedule=run.schedule)
@@ -190,8 +185,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     if command in CONFIG_NAMES:
         try:
-            config.precheck(CONFIG_NAMES[command], rest)
+            resume_folder = config.precheck(CONFIG_NAMES[command], rest)
         except config.ConfigError as exc:
             _fail(exc)
+        if resume_folder is not None and not any(a.startswith("hydra.run.dir=") for a in rest):
+            rest = [*rest, f"hydra.run.dir={resume_folder}"]  # a resume continues in the checkpoint's run folder
     sys.argv = [f"harness {command}", *rest, *sweep_dirname_overrides(rest)]
     COMMANDS[command]()

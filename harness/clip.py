@@ -376,10 +376,21 @@ def _adjoint_settings(adjoint: Mapping[str, Any] | AdjointSettings | None) -> Ad
         raise ValueError(f"clip.adjoint accepts max_norm and profile, got {sorted(unknown)}")
     max_norm = adjoint.get("max_norm")
     if max_norm is not None:
-        max_norm = float(max_norm)
+        try:
+            max_norm = float(max_norm)
+        except (TypeError, ValueError):
+            raise ValueError(f"clip.adjoint.max_norm must be null or a number >= 0, got {max_norm!r}") from None
         if not max_norm >= 0.0:
             raise ValueError(f"clip.adjoint.max_norm must be null or >= 0, got {max_norm}")
     return AdjointSettings(max_norm=max_norm, profile=bool(adjoint.get("profile", False)))
+
+
+def _policy_norm_type(norm_type: float | str) -> float:
+    """The p of a policy's ``clip.norm_type``, with errors naming the config field."""
+    try:
+        return norm_kind(norm_type)[1]
+    except ValueError as exc:
+        raise ValueError(f"clip.{exc}") from None
 
 
 def _check_limit(field: str, value: float, *, positive: bool = False) -> float:
@@ -633,7 +644,7 @@ def clip_by_global_norm(
         ValueError: If ``max_norm`` is negative or nan, or ``norm_type`` is not ``> 0``.
     """
     max_norm = _check_limit("max_norm", max_norm)
-    _, p = norm_kind(norm_type)
+    p = _policy_norm_type(norm_type)
     norms_cache: weakref.WeakKeyDictionary = _ScratchCache()
 
     def apply(params: ParamSet, state: dict[str, wp.array], stats: FlatStats, skip: wp.array) -> None:
@@ -676,7 +687,7 @@ def clip_by_norm_per_param(
         ValueError: If ``max_norm`` is negative or nan, or ``norm_type`` is not ``> 0``.
     """
     max_norm = _check_limit("max_norm", max_norm)
-    _, p = norm_kind(norm_type)
+    p = _policy_norm_type(norm_type)
     norms_cache: weakref.WeakKeyDictionary = _ScratchCache()
 
     def init(params: ParamSet) -> dict[str, wp.array]:

@@ -112,22 +112,25 @@ def _instantiate(cfg: DictConfig, group: str, **kwargs: Any) -> Any:
         raise ConfigError(f"{group}: could not be built ({str(cause or exc).splitlines()[0]})") from None
 
 
-def check_env_fields(cfg: DictConfig) -> None:
-    """Run the env class's own field checks without building the simulation."""
+def check_env_fields(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
+    """Run the env class's own field checks without building the simulation.
+
+    Returns:
+        The env class and its constructor fields.
+    """
     fields = OmegaConf.to_container(cfg.env, resolve=True)
     target = fields.pop("_target_", None)
     try:
         env_class = hydra.utils.get_class(target)
     except Exception:
         raise ConfigError(f"env._target_: cannot import '{target}'") from None
-    check = getattr(env_class, "check_config", None)
-    if check is not None:
-        try:
-            check(**fields)
-        except TypeError as exc:  # unknown field
-            raise ConfigError(f"env: {exc}") from None
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+    try:
+        env_class.check_config(**fields)
+    except TypeError as exc:  # unknown field
+        raise ConfigError(f"env: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return env_class, fields
 
 
 def _check_resume(value: Any) -> str | None:
@@ -158,10 +161,17 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
         resume=_check_resume(cfg.get("resume")),
     )
     check_group_types(cfg, choices)
-    check_env_fields(cfg)
+    env_class, env_fields = check_env_fields(cfg)
+    loss = _instantiate(cfg, "loss")
+    observables = env_class.observable_dims(**env_fields)
+    if observables is not None:
+        try:
+            loss.check(observables)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     return Run(
         env=None,
-        loss=_instantiate(cfg, "loss"),
+        loss=loss,
         optimizer=_instantiate(cfg, "optim"),
         clip=_instantiate(cfg, "clip"),
         schedule=_instantiate(cfg, "schedule") if cfg.get("schedule") is not None else None,
@@ -199,12 +209,16 @@ def _check_writable(field: str, folder: Path) -> None:
         raise ConfigError(f"{field}: '{folder}' cannot be written (no write permission on '{probe}')")
 
 
-def precheck(config_name: str, args: list[str]) -> None:
+def precheck(config_name: str, args: list[str]) -> Path | None:
     """Validate a command line before Hydra creates any folder or a kernel is compiled.
 
     Checks the override syntax, every config-group choice, composes the config (with
-    only the values shared by all jobs in a multirun), validates it, and checks that the
-    output folder can be written. Raises :class:`ConfigError` with one line.
+    only the values shared by all jobs in a multirun), validates it, checks that the
+    output folder can be written and that a checkpoint to resume from fits this run.
+    Raises :class:`ConfigError` with one line.
+
+    Returns:
+        The run folder a ``resume=<path>`` continues in, else None.
     """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -235,39 +249,99 @@ def precheck(config_name: str, args: list[str]) -> None:
     default_root = "multirun" if multirun else "outputs"
     _check_writable(field, Path(str(given.get(field, default_root))))
     resume = cfg.get("resume")
-    if resume is not None and not multirun:
-        _check_checkpoint(str(resume), given.get("hydra.run.dir"), env=choices.get("env"), shapes=_env_shapes(cfg))
+    if resume is None:
+        return None
+    if multirun:
+        if resume != "auto":
+            raise ConfigError(
+                "resume: a checkpoint path cannot be shared by the jobs of a multirun; accepted: null, auto"
+            )
+        return None
+    return _check_checkpoint(str(resume), given.get("hydra.run.dir"), cfg, choices)
 
 
-def _env_shapes(cfg: DictConfig) -> dict[str, tuple[int, ...]] | None:
-    fields = OmegaConf.to_container(cfg.env, resolve=True)
-    env_class = hydra.utils.get_class(fields.pop("_target_"))
-    return env_class.parameter_shapes(**fields)
+RESUME_MAY_CHANGE = ("iterations", "log_every", "checkpoint", "device", "resume")
+"""Top-level config keys a resumed run may change; everything else must match the checkpoint."""
 
 
-def _check_checkpoint(resume: str, run_dir: Any, *, env: str | None, shapes: dict | None) -> None:
-    """Verify the checkpoint a resume would read (checksum, env, parameter shapes) before anything runs."""
+def _first_difference(saved: Any, current: Any, path: str) -> tuple[str, Any, Any] | None:
+    if isinstance(saved, dict) and isinstance(current, dict):
+        for key in sorted(set(saved) | set(current)):
+            found = _first_difference(saved.get(key), current.get(key), f"{path}.{key}" if path else key)
+            if found:
+                return found
+        return None
+    return None if saved == current else (path, saved, current)
+
+
+def _check_checkpoint(resume: str, run_dir: Any, cfg: DictConfig, choices: Mapping[str, Any]) -> Path | None:
+    """Verify the checkpoint a resume would read before anything runs.
+
+    Checks the file (checksum), that it belongs to this problem (env, parameter shapes,
+    every config value except :data:`RESUME_MAY_CHANGE`) and that ``iterations`` reaches
+    it. Returns the run folder a ``resume=<path>`` continues in (None for ``auto``).
+    """
+    import yaml
+
     from harness import checkpoint
 
     if resume == "auto" and run_dir is None:
-        return  # a fresh Hydra folder has no checkpoint: auto starts from scratch
+        return None  # a fresh Hydra folder has no checkpoint: auto starts from scratch
     try:
         path = checkpoint.resolve(resume, Path(str(run_dir)) if run_dir is not None else Path("."))
         if path is None:
-            return
+            return None
         saved = checkpoint.load(path)
     except checkpoint.CheckpointError as exc:
         raise ConfigError(str(exc)) from None
+    run_folder = None
+    if resume != "auto":
+        if path.parent.name != "checkpoints":
+            raise ConfigError(
+                f"resume: '{path}' is not inside a run's checkpoints/ folder; "
+                "accepted: auto, a run folder or <run>/checkpoints/ckpt_*.hckpt"
+            )
+        run_folder = path.parent.parent
+        if run_dir is not None and Path(str(run_dir)).resolve() != run_folder.resolve():
+            raise ConfigError(
+                f"resume: '{path}' belongs to run folder '{run_folder}'; drop hydra.run.dir or set it to that folder"
+            )
+    env = choices.get("env")
     if env is not None and saved.meta.get("env") != env:
         raise ConfigError(
             f"resume: checkpoint '{path}' was written by env '{saved.meta.get('env')}'; this run's env is '{env}'"
         )
+    shapes = _env_shapes(cfg)
     if shapes is not None:
         saved_shapes = {name: tuple(shape) for name, shape, *_ in saved.meta.get("layout", [])}
         if saved_shapes != {name: tuple(shape) for name, shape in shapes.items()}:
             raise ConfigError(
                 f"resume: checkpoint '{path}' holds parameters {saved_shapes}; this run's are {dict(shapes)}"
             )
+    if saved.iteration > cfg.iterations:
+        raise ConfigError(
+            f"iterations: {cfg.iterations} is before the checkpoint's iteration {saved.iteration} ('{path}'); "
+            f"accepted: iterations >= {saved.iteration}"
+        )
+    if "config" in saved.meta:
+        before = yaml.safe_load(saved.meta["config"])
+        now = OmegaConf.to_container(cfg, resolve=True)
+        for key in RESUME_MAY_CHANGE:
+            before.pop(key, None)
+            now.pop(key, None)
+        found = _first_difference(before, now, "")
+        if found:
+            field, old, new = found
+            raise ConfigError(
+                f"resume: checkpoint '{path}' was written with {field}={old!r}, this run has {field}={new!r}; "
+                f"only {', '.join(RESUME_MAY_CHANGE[:-1])} may change on resume"
+            )
+    return run_folder
+
+
+def _env_shapes(cfg: DictConfig) -> dict[str, tuple[int, ...]] | None:
+    env_class, fields = check_env_fields(cfg)
+    return env_class.parameter_shapes(**fields)
 
 
 HPARAM_KEYS = (

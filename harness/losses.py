@@ -99,10 +99,16 @@ class WeightedLoss:
     def term_names(self) -> list[str]:
         return [t.name for t in self.terms]
 
-    def bind(self, observables: Mapping[str, int], *, device: wp.context.Devicelike = None) -> None:
-        """Check every term against the env's observables and allocate device buffers."""
-        self.device = wp.get_device(device)
-        self._dim_weights, self._targets = [], []
+    def check(self, observables: Mapping[str, int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Check every term against an env's observables (name -> per-world width).
+
+        Returns:
+            Per term, its per-dimension weights and target.
+
+        Raises:
+            ValueError: one line naming ``loss.terms.<name>.<field>`` and what is accepted.
+        """
+        resolved = []
         for term in self.terms:
             if term.source not in observables:
                 raise ValueError(
@@ -112,8 +118,15 @@ class WeightedLoss:
             dim = observables[term.source]
             weights = _per_dim(term.dim_weights, dim, 1.0, f"loss.terms.{term.name}.dim_weights")
             target = _per_dim(term.target, dim, 0.0, f"loss.terms.{term.name}.target")
-            self._dim_weights.append(wp.array(weights, dtype=wp.float32, device=self.device))
-            self._targets.append(wp.array(target, dtype=wp.float32, device=self.device))
+            resolved.append((weights, target))
+        return resolved
+
+    def bind(self, observables: Mapping[str, int], *, device: wp.context.Devicelike = None) -> None:
+        """Check every term against the env's observables and allocate device buffers."""
+        resolved = self.check(observables)
+        self.device = wp.get_device(device)
+        self._dim_weights = [wp.array(w, dtype=wp.float32, device=self.device) for w, _ in resolved]
+        self._targets = [wp.array(t, dtype=wp.float32, device=self.device) for _, t in resolved]
         self.term_values = wp.zeros(len(self.terms), dtype=wp.float32, device=self.device, requires_grad=True)
         self.total = wp.zeros(1, dtype=wp.float32, device=self.device, requires_grad=True)
         self._bound = True
@@ -140,7 +153,9 @@ class WeightedLoss:
                 outputs=[self.term_values],
                 device=self.device,
             )
-        wp.launch(_sum_terms, dim=1, inputs=[self.term_values, len(self.terms)], outputs=[self.total])
+        wp.launch(
+            _sum_terms, dim=1, inputs=[self.term_values, len(self.terms)], outputs=[self.total], device=self.device
+        )
         return self.total
 
 

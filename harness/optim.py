@@ -173,12 +173,7 @@ class Optimizer:
             state[key] = buffer
         return state
 
-    def step(
-        self,
-        params: Params,
-        grads: wp.array | Sequence[wp.array] | State | None,
-        state: State | None = None,
-    ) -> State:
+    def step(self, params: Params, grads: wp.array | Sequence[wp.array] | None, state: State) -> State:
         """Apply one update to ``params`` in place from ``grads``, which are never written.
 
         One advance launch, then one update launch per flat buffer (see the module
@@ -194,16 +189,7 @@ class Optimizer:
 
         Returns:
             ``state`` itself.
-
-        Note:
-            ``step(params, state)`` (the state in the second position) is also accepted and
-            means ``step(params, None, state)``; it is the call the trainer made before the
-            functional API existed.
         """
-        if state is None and isinstance(grads, dict):
-            grads, state = None, grads
-        if state is None:
-            raise TypeError("step() needs the state returned by init()")
         segments = _segments(params, grads)
         size = segments[-1].offset + segments[-1].param.shape[0]
         for key, _ in self._buffers:

@@ -7,7 +7,8 @@ running or where jobs failed: such rows say ``unfinished`` or ``failed``.
 
 Writes ``report.csv`` and ``report.png`` (loss curves of every job, and final loss
 against the first swept value) into the sweep folder and returns the table as text,
-sorted by final loss. A finished job is marked ``diverged`` when its final loss is not
+sorted by final loss. A job stopped by SIGINT/SIGTERM (a scheduler's pre-emption) is
+``interrupted``, with the iterations it completed. A finished job is marked ``diverged`` when its final loss is not
 finite or above ``DIVERGED_FACTOR`` times its initial loss, or when any step had
 non-finite gradients.
 """
@@ -81,14 +82,19 @@ def _read_job(job: Path) -> JobRow:
         return row
     row.final_loss = float(summary["final_loss"])
     row.best_loss = float(summary["best_loss"])
-    row.clipped_fraction = summary["clipped_steps"] / summary["iterations"]
+    done = summary.get("iterations_done", summary["iterations"])
+    row.clipped_fraction = summary["clipped_steps"] / max(done, 1)
     row.nonfinite_steps = float(summary["nonfinite_steps"])
     row.wall_time_s = float(summary["wall_time_s"])
     initial = float(summary["initial_loss"])
     diverged = (
         not math.isfinite(row.final_loss) or row.final_loss > DIVERGED_FACTOR * initial or row.nonfinite_steps > 0
     )
-    row.status = "diverged" if diverged else "finished"
+    if summary.get("status") == "interrupted":
+        row.status = "interrupted"
+        row.error = f"{summary.get('signal', 'signal')} after {done} of {summary['iterations']} iterations"
+    else:
+        row.status = "diverged" if diverged else "finished"
     return row
 
 
@@ -106,7 +112,7 @@ def collect(sweep_dir: Path) -> tuple[list[JobRow], list[str]]:
 
 
 def _sort_key(row: JobRow) -> tuple[int, float]:
-    rank = {"finished": 0, "diverged": 1, "unfinished": 2, "failed": 3}[row.status]
+    rank = {"finished": 0, "diverged": 1, "interrupted": 2, "unfinished": 3, "failed": 4}[row.status]
     loss = row.final_loss if math.isfinite(row.final_loss) else math.inf
     return (rank, loss)
 

@@ -189,7 +189,10 @@ class Trainer:
         self.opt_state = self.optimizer.init(self.params)
         self.sched_state = self.schedule.init(self.opt_state)
         self.clip_state = self.clip.init(self.params)
-        self.skip_guard = SkipGuard(self.params, self.opt_state, self.clip_state["skip"])
+        # A skipped iteration restores parameters, optimizer state and schedule state alike.
+        guarded = {**{f"optim/{k}": v for k, v in self.opt_state.items()}}
+        guarded.update({f"schedule/{k}": v for k, v in self.sched_state.items()})
+        self.skip_guard = SkipGuard(self.params, guarded, self.clip_state["skip"])
         self.adjoint = (
             AdjointClipper(
                 horizon=self.env.horizon,
@@ -224,6 +227,8 @@ class Trainer:
         self._extra = [(self.columns.index(tag), array) for tag, array in extra.items()]
         self.history = wp.zeros((self.settings.log_every, len(self.columns)), dtype=wp.float32, device=self.device)
         self._history_flat = self.history.flatten()
+        # Host seconds per phase. On the CPU, Warp launches are synchronous, so these are kernel
+        # times; on CUDA they are the time to queue the launches, not to run them.
         self.timing = dict.fromkeys(("forward", "backward", "adjoint_clip", "grad_stats_clip", "optim"), 0.0)
         self._stop_signal: int | None = None
 
@@ -291,8 +296,8 @@ class Trainer:
         t1 = time.perf_counter()
         if log_step:
             wp.copy(self._eval_before, self.eval_params())
-        self.schedule.update(self.opt_state, self.sched_state, self.clip_state["clipped"])
         self.skip_guard.save()
+        self.schedule.update(self.opt_state, self.sched_state, self.clip_state["clipped"])
         self.optimizer.step(self.params, self.params.grad, self.opt_state)
         self.skip_guard.restore()
         t2 = time.perf_counter()
@@ -362,6 +367,7 @@ class Trainer:
         resume_from = ckpt.resolve(settings.resume, run_dir) if settings.resume else None
         if resume_from is not None:
             tally, start_it = self.load_checkpoint(resume_from)
+            ckpt.set_aside_newer(resume_from, start_it)
         run_dir.mkdir(parents=True, exist_ok=True)
         own_log = log is None
         log = log or RunLog(run_dir, total=settings.iterations, purge_step=start_it or None)
@@ -370,7 +376,7 @@ class Trainer:
         for sig in previous:
             signal.signal(sig, self._request_stop)
         started = time.perf_counter()
-        self._interval_start = started
+        self._interval = (started, start_it)  # (time, first iteration) of the current log interval
         try:
             for it in range(start_it, settings.iterations):
                 row = it % settings.log_every
@@ -384,7 +390,7 @@ class Trainer:
                 if log_step or ckpt_step or stopping:
                     self._flush(log, it, extras if log_step else None, tally)
                 elif log.interactive:  # redraw count and rate; loss and norm are from the last read-back
-                    rate = (it + 1 - tally.flushed) / max(time.perf_counter() - self._interval_start, 1e-9)
+                    rate = (it + 1 - self._interval[1]) / max(time.perf_counter() - self._interval[0], 1e-9)
                     log.progress(it + 1, loss=tally.last("loss"), grad_norm=tally.last("norm"), its_per_s=rate)
                 if ckpt_step or stopping:
                     tally.wall_time_s += time.perf_counter() - started
@@ -448,12 +454,16 @@ class Trainer:
         (``extras`` given) also histograms, norms, the adjoint profile and the progress line."""
         wp.synchronize_device(self.device)
         now = time.perf_counter()
-        self.clip.check(self.params, self.clip_state)  # `error` policy: raises, naming iteration and parameter
         first = tally.flushed
         rows = self.history.numpy()[first % self.settings.log_every : it % self.settings.log_every + 1]
         for r, values in enumerate(rows):
             log.scalars(first + r, dict(zip(self.columns, (float(v) for v in values), strict=True)))
         tally.add(rows)
+        try:  # `error` policy: raises, naming iteration and parameter (after the rows are logged)
+            self.clip.check(self.params, self.clip_state)
+        except Exception:
+            log.flush()
+            raise
         count, message = self.schedule.read_reductions(self.sched_state)
         if count > tally.lr_reductions:
             print(message, flush=True)
@@ -461,8 +471,8 @@ class Trainer:
             tally.lr_reductions = count
         if extras is None:
             return
-        iter_s = (now - self._interval_start) / len(rows)
-        self._interval_start = now
+        iter_s = (now - self._interval[0]) / (it + 1 - self._interval[1])
+        self._interval = (now, it + 1)
         param_norm = float(self.stats_param.norm.numpy()[0])
         log.scalars(
             it,
@@ -505,6 +515,7 @@ class Trainer:
             "clip": self.clip.name,
             "seed": self.settings.seed,
             "tally": dataclasses.asdict(tally),
+            "timing": dict(self.timing),
         }
         return ckpt.save(
             ckpt.Checkpoint(arrays=arrays, meta=record),
@@ -535,6 +546,12 @@ class Trainer:
                 load_state(state, part)
         except (KeyError, ValueError) as exc:
             raise ckpt.CheckpointError(f"resume: checkpoint '{path}' does not fit this run ({exc})") from None
+        if saved.iteration > self.settings.iterations:
+            raise ckpt.CheckpointError(
+                f"resume: checkpoint '{path}' is at iteration {saved.iteration}, past this run's "
+                f"iterations={self.settings.iterations}; accepted: iterations >= {saved.iteration}"
+            )
+        self.timing.update(meta.get("timing", {}))
         return _Tally(**meta["tally"]), saved.iteration
 
 

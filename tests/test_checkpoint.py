@@ -144,14 +144,26 @@ def test_damaged_checkpoint_is_refused_and_the_others_stay_untouched(tmp_path, d
     assert "corrupted" in lines[0] and victim.name in lines[0]
     assert digests(victim.parent) == before
     assert (run_dir / "summary.json").read_bytes() == summary_before
-    # An intact older checkpoint can still be resumed explicitly.
-    ok = train([*RUN, "iterations=8", f"resume={files[0]}", f"hydra.run.dir={tmp_path / 'other'}"], tmp_path)
+    # An intact older checkpoint can still be resumed explicitly; the run continues in its
+    # folder and the newer files (the damaged one included) are set aside, not deleted.
+    ok = train([*RUN, "iterations=8", f"resume={files[0]}"], tmp_path)
     assert ok.returncode == 0, ok.stderr
+    folder = checkpoint.checkpoint_dir(run_dir)
+    assert sorted(p.name for p in (folder / "abandoned").iterdir()) == [files[1].name, files[2].name]
+    assert [checkpoint.load(p).iteration for p in checkpoint.list_checkpoints(folder)] == [2, 8]
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
-    [("env.horizon=12", "holds parameters"), ("env.world_count=3", "holds parameters"), ("optim=sgd", "optimizer")],
+    [
+        ("env.horizon=12", "holds parameters"),
+        ("env.world_count=3", "holds parameters"),
+        ("optim=sgd", "optim._target_="),
+        ("seed=5", "seed=0"),
+        ("optim.lr=0.1", "optim.lr=0.5"),
+        ("env.tilt=0.3", "env.tilt=0.2"),
+        ("iterations=4", "iterations: 4 is before the checkpoint's iteration 6"),
+    ],
 )
 def test_checkpoint_of_a_different_run_is_refused_with_nothing_changed(tmp_path, override, message):
     run_dir = make_checkpoints(tmp_path)
@@ -160,7 +172,7 @@ def test_checkpoint_of_a_different_run_is_refused_with_nothing_changed(tmp_path,
     proc = train([*RUN, "iterations=8", override, "resume=auto", f"hydra.run.dir={run_dir}"], tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip() and "CUDA" not in line]
-    assert len(lines) == 1 and lines[0].startswith("error: resume:") and message in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
     assert digests(checkpoint.checkpoint_dir(run_dir)) == before
     assert (run_dir / "summary.json").read_bytes() == summary_before
 
@@ -206,3 +218,12 @@ def test_skip_policy_continues_and_keeps_parameters_finite(tmp_path):
     assert summary["nonfinite_steps"] == summary["skipped_steps"] == 4  # iterations 1..4
     params = final_checkpoint(run_dir).arrays["params/data"]
     assert np.isfinite(params).all()
+
+
+def test_a_checkpoint_outside_a_run_folder_is_refused(tmp_path):
+    run_dir = make_checkpoints(tmp_path)
+    loose = tmp_path / "loose.hckpt"
+    loose.write_bytes(checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))[-1].read_bytes())
+    proc = train([*RUN, "iterations=8", f"resume={loose}"], tmp_path)
+    assert proc.returncode == 2
+    assert "not inside a run's checkpoints/ folder" in proc.stderr

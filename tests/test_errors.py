@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from harness import checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = ["+env=cartpole", "env.horizon=4", "env.world_count=1", "iterations=1"]
@@ -64,5 +67,11 @@ def test_output_folder_that_cannot_be_created_is_rejected(tmp_path):
 
 def test_zero_learning_rate_is_accepted_and_measures_without_moving(tmp_path):
     """lr = 0 is valid (as in PyTorch): gradients are measured, parameters stay put."""
-    proc = run(["train", *ENV, "iterations=2", "optim.lr=0", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    run_dir = tmp_path / "run"
+    proc = run(["train", *ENV, "iterations=2", "optim.lr=0", f"hydra.run.dir={run_dir}"], tmp_path)
     assert proc.returncode == 0, proc.stderr
+    saved = checkpoint.load(checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))[-1])
+    assert not saved.arrays["params/data"].any()  # the controls start at zero and stay there
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert all(e.value > 0 for e in acc.Scalars("grad/norm_pre"))

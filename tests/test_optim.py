@@ -103,16 +103,13 @@ def test_list_of_arrays_and_paramset_give_bit_identical_results(name):
 def test_omitted_gradients_mean_the_parameters_own_grad_buffers(name):
     opt = build(name, **CASES[name])
     gs = gradients(make_params().size, 3)
-    explicit, omitted, legacy = make_params(), make_params(), make_params()
+    explicit, omitted = make_params(), make_params()
     run(opt, explicit, gs)
-    states = (opt.init(omitted), opt.init(legacy))
+    state = opt.init(omitted)
     for g in gs:
         omitted.grad.assign(g)
-        legacy.grad.assign(g)
-        opt.step(omitted, None, states[0])
-        opt.step(legacy, states[1])  # the two-argument form the trainer calls today
+        opt.step(omitted, None, state)
     np.testing.assert_array_equal(omitted.data.numpy(), explicit.data.numpy())
-    np.testing.assert_array_equal(legacy.data.numpy(), explicit.data.numpy())
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

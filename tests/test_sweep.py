@@ -114,39 +114,61 @@ def test_report_writes_a_sorted_table_csv_and_png(joblib_sweep, tmp_path):
     assert width > 600 and height > 300
 
 
-def test_report_marks_failed_and_unfinished_jobs(joblib_sweep, tmp_path):
-    sweep = tmp_path / "sweep"
-    shutil.copytree(joblib_sweep[0], sweep)
-    # A job that fails: a negative threshold is rejected by the clip policy.
-    failed = harness("train", "-m", *TINY, "clip.max_norm=-1,3", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
-    assert failed.returncode != 0
-    # A job that never finishes: killed with SIGKILL once it has logged a few iterations.
+def start_long_job(sweep: Path, threshold: str, cwd: Path) -> tuple[subprocess.Popen, Path]:
+    """A multirun job that would run for a long time, once it has logged a few iterations."""
     long_args = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "iterations=100000", "log_every=1"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "train", "-m", *long_args, "clip.max_norm=7,8", f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "train",
+            "-m",
+            *long_args,
+            f"clip.max_norm={threshold},99",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    job = sweep / "clip.max_norm=7"
+    job = sweep / f"clip.max_norm={threshold}"
     deadline = time.monotonic() + 240
     while not list(job.glob("events.out.tfevents.*")) or not (job / "config.yaml").exists():
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.5)
     time.sleep(2.0)
+    return proc, job
+
+
+def test_report_marks_failed_interrupted_and_unfinished_jobs(joblib_sweep, tmp_path):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(joblib_sweep[0], sweep)
+    # A job that fails: a negative threshold is rejected by the clip policy.
+    failed = harness("train", "-m", *TINY, "clip.max_norm=-1,3", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert failed.returncode != 0
+    # A job that never finishes: killed with SIGKILL.
+    proc, job = start_long_job(sweep, "7", tmp_path)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (job / "summary.json").exists()
+    # A job pre-empted the way a scheduler does it: SIGTERM, then it checkpoints and stops.
+    proc, job = start_long_job(sweep, "9", tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    assert json.loads((job / "summary.json").read_text())["status"] == "interrupted"
 
     out = harness("report", str(sweep), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    status = {line.split()[0]: line for line in out.stdout.splitlines()[1:] if line[:1].isdigit() or line[:1] == "-"}
+    rows = [line for line in out.stdout.splitlines()[1:] if line[:1].isdigit() or line[:1] == "-"]
+    status = {line.split()[0]: line for line in rows}
     assert "finished" in status["0.5"] and "finished" in status["2"]
     assert "failed" in status["-1"] and "clip.max_norm" in status["-1"]
     assert "unfinished" in status["7"]
-    order = [line.split()[0] for line in out.stdout.splitlines()[1:5]]
-    assert order[-2:] == ["7", "-1"]  # finished rows first, then unfinished, then failed
+    assert "interrupted (SIGTERM after" in status["9"]
+    # finished rows first, then interrupted, unfinished, failed
+    assert [line.split()[0] for line in rows][-3:] == ["9", "7", "-1"]
 
 
 def free_port() -> int:
