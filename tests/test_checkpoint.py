@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,13 +110,22 @@ def test_sigterm_or_sigint_finishes_the_iteration_then_writes_checkpoint_and_sum
     assert steps == list(range(saved.iteration))  # every completed iteration was logged before the checkpoint
 
 
-def make_checkpoints(tmp_path: Path) -> Path:
-    run_dir = tmp_path / "run"
-    proc = train(
-        [*RUN, "iterations=6", "checkpoint.every=2", "checkpoint.keep=3", f"hydra.run.dir={run_dir}"], tmp_path
-    )
+@pytest.fixture(scope="module")
+def checkpointed_run(tmp_path_factory) -> Path:
+    """A finished 6-iteration run with checkpoints at 2, 4 and 6 (made once, copied per test)."""
+    root = tmp_path_factory.mktemp("checkpointed")
+    run_dir = root / "run"
+    proc = train([*RUN, "iterations=6", "checkpoint.every=2", "checkpoint.keep=3", f"hydra.run.dir={run_dir}"], root)
     assert proc.returncode == 0, proc.stderr
     return run_dir
+
+
+@pytest.fixture
+def make_checkpoints(checkpointed_run):
+    def copy(tmp_path: Path) -> Path:
+        return Path(shutil.copytree(checkpointed_run, tmp_path / "run"))
+
+    return copy
 
 
 def digests(folder: Path) -> dict[str, str]:
@@ -123,7 +133,7 @@ def digests(folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_damaged_checkpoint_is_refused_and_the_others_stay_untouched(tmp_path, damage):
+def test_damaged_checkpoint_is_refused_and_the_others_stay_untouched(tmp_path, damage, make_checkpoints):
     run_dir = make_checkpoints(tmp_path)
     files = checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))
     assert [checkpoint.load(p).iteration for p in files] == [2, 4, 6]
@@ -165,7 +175,7 @@ def test_damaged_checkpoint_is_refused_and_the_others_stay_untouched(tmp_path, d
         ("iterations=4", "iterations: 4 is before the checkpoint's iteration 6"),
     ],
 )
-def test_checkpoint_of_a_different_run_is_refused_with_nothing_changed(tmp_path, override, message):
+def test_checkpoint_of_a_different_run_is_refused_with_nothing_changed(tmp_path, override, message, make_checkpoints):
     run_dir = make_checkpoints(tmp_path)
     before = digests(checkpoint.checkpoint_dir(run_dir))
     summary_before = (run_dir / "summary.json").read_bytes()
@@ -220,7 +230,7 @@ def test_skip_policy_continues_and_keeps_parameters_finite(tmp_path):
     assert np.isfinite(params).all()
 
 
-def test_a_checkpoint_outside_a_run_folder_is_refused(tmp_path):
+def test_a_checkpoint_outside_a_run_folder_is_refused(tmp_path, make_checkpoints):
     run_dir = make_checkpoints(tmp_path)
     loose = tmp_path / "loose.hckpt"
     loose.write_bytes(checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))[-1].read_bytes())
