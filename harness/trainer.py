@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -372,7 +373,10 @@ class Trainer:
         own_log = log is None
         log = log or RunLog(run_dir, total=settings.iterations, purge_step=start_it or None)
         meta = dict(meta or {})
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # Signal handlers can only be installed from the main thread (a launcher may run a
+        # job in another); elsewhere the process's own handling applies.
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
         for sig in previous:
             signal.signal(sig, self._request_stop)
         started = time.perf_counter()
