@@ -169,7 +169,7 @@ class CartpoleEnv(Env):
             cls._CHECKS[name](value)
 
     @classmethod
-    def parameter_shapes(cls, *, horizon: int, world_count: int, **_: Any) -> dict[str, tuple[int, ...]]:
+    def parameter_shapes(cls, *, horizon: int = 240, world_count: int = 4, **_: Any) -> dict[str, tuple[int, ...]]:
         return {"controls": (int(horizon), int(world_count))}
 
     @classmethod

@@ -16,7 +16,7 @@ renamed over the final name (atomic on POSIX), and the folder is fsynced: a proc
 killed at any instant leaves either the previous checkpoints alone or the new one
 complete. Only after the rename are checkpoints beyond the newest ``keep`` deleted. A run
 resumed from an older checkpoint first moves the newer ones of its folder into
-``abandoned/``, so they are neither pruned nor picked by ``resume=auto``.
+``abandoned/after_<iteration>/``, so they are neither pruned nor picked by ``resume=auto``.
 """
 
 from __future__ import annotations
@@ -106,20 +106,25 @@ def save(checkpoint: Checkpoint, folder: Path, *, keep: int) -> Path:
 
 def set_aside_newer(resumed: Path, iteration: int) -> list[Path]:
     """Move the checkpoints of the same folder that are newer than ``iteration`` into
-    ``abandoned/`` (kept, never deleted), so pruning and ``resume=auto`` follow the run
-    that continues from ``resumed``.
+    ``abandoned/after_<iteration>/`` (a new sub-folder each time; kept, never deleted), so
+    pruning and ``resume=auto`` follow the run that continues from ``resumed``.
 
     Returns:
         The new paths of the moved files.
     """
     folder = Path(resumed).parent
+    newer = [p for p in list_checkpoints(folder) if int(_NAME.match(p.name).group(1)) > iteration]
+    if not newer:
+        return []
+    base = folder / "abandoned" / f"after_{iteration:08d}"
+    target, n = base, 1
+    while target.exists():
+        target, n = base.with_name(f"{base.name}.{n}"), n + 1
+    target.mkdir(parents=True)
     moved = []
-    for path in list_checkpoints(folder):
-        if int(_NAME.match(path.name).group(1)) > iteration:
-            target = folder / "abandoned" / path.name
-            target.parent.mkdir(exist_ok=True)
-            os.replace(path, target)
-            moved.append(target)
+    for path in newer:
+        os.replace(path, target / path.name)
+        moved.append(target / path.name)
     return moved
 
 

@@ -70,6 +70,13 @@ def train_command(cfg: DictConfig) -> float:
             write_json(_run_dir() / "summary.json", {"status": "failed", "error": str(exc)})
         _fail(exc)
     run_dir = _run_dir()
+    if hydra_cfg.mode.name == "MULTIRUN" and run.settings.resume is not None:  # per job: its own checkpoint
+        try:
+            found = checkpoint.resolve(run.settings.resume, run_dir)
+            if found is not None:
+                config.check_saved_config(checkpoint.load(found), cfg, found)
+        except (config.ConfigError, checkpoint.CheckpointError) as exc:
+            _fail(exc)  # no summary.json: the job folder's own one stays as it was
     if not (run_dir / "config.yaml").exists():
         (run_dir / "config.yaml").write_text(config.resolved_yaml(cfg))
     trainer = Trainer(run.env, run.loss, run.optimizer, run.clip, run.settings, schedule=run.schedule)
@@ -189,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
         except config.ConfigError as exc:
             _fail(exc)
         if resume_folder is not None and not any(a.startswith("hydra.run.dir=") for a in rest):
-            rest = [*rest, f"hydra.run.dir={resume_folder}"]  # a resume continues in the checkpoint's run folder
+            # A resume continues in the checkpoint's run folder; quoted, since job folders of a
+            # sweep are named like "clip.max_norm=1,seed=2".
+            quoted = str(resume_folder).replace("\\", "\\\\").replace("'", "\\'")
+            rest = [*rest, f"hydra.run.dir='{quoted}'"]
     sys.argv = [f"harness {command}", *rest, *sweep_dirname_overrides(rest)]
     COMMANDS[command]()

@@ -120,10 +120,14 @@ def check_env_fields(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     """
     fields = OmegaConf.to_container(cfg.env, resolve=True)
     target = fields.pop("_target_", None)
+    from envs.base import Env
+
     try:
         env_class = hydra.utils.get_class(target)
     except Exception:
         raise ConfigError(f"env._target_: cannot import '{target}'") from None
+    if not (isinstance(env_class, type) and issubclass(env_class, Env)):
+        raise ConfigError(f"env._target_: '{target}' is not an envs.base.Env subclass")
     try:
         env_class.check_config(**fields)
     except TypeError as exc:  # unknown field
@@ -281,7 +285,6 @@ def _check_checkpoint(resume: str, run_dir: Any, cfg: DictConfig, choices: Mappi
     every config value except :data:`RESUME_MAY_CHANGE`) and that ``iterations`` reaches
     it. Returns the run folder a ``resume=<path>`` continues in (None for ``auto``).
     """
-    import yaml
 
     from harness import checkpoint
 
@@ -294,6 +297,7 @@ def _check_checkpoint(resume: str, run_dir: Any, cfg: DictConfig, choices: Mappi
         saved = checkpoint.load(path)
     except checkpoint.CheckpointError as exc:
         raise ConfigError(str(exc)) from None
+    path = path.absolute()
     run_folder = None
     if resume != "auto":
         if path.parent.name != "checkpoints":
@@ -323,20 +327,37 @@ def _check_checkpoint(resume: str, run_dir: Any, cfg: DictConfig, choices: Mappi
             f"iterations: {cfg.iterations} is before the checkpoint's iteration {saved.iteration} ('{path}'); "
             f"accepted: iterations >= {saved.iteration}"
         )
-    if "config" in saved.meta:
-        before = yaml.safe_load(saved.meta["config"])
-        now = OmegaConf.to_container(cfg, resolve=True)
-        for key in RESUME_MAY_CHANGE:
-            before.pop(key, None)
-            now.pop(key, None)
-        found = _first_difference(before, now, "")
-        if found:
-            field, old, new = found
-            raise ConfigError(
-                f"resume: checkpoint '{path}' was written with {field}={old!r}, this run has {field}={new!r}; "
-                f"only {', '.join(RESUME_MAY_CHANGE[:-1])} may change on resume"
-            )
+    check_saved_config(saved, cfg, path)
     return run_folder
+
+
+def check_saved_config(saved: Any, cfg: DictConfig, path: Path) -> None:
+    """Refuse to resume when the config differs from the checkpoint's beyond :data:`RESUME_MAY_CHANGE`."""
+    import yaml
+
+    if "config" not in saved.meta:
+        return
+    before = yaml.safe_load(saved.meta["config"])
+    now = OmegaConf.to_container(cfg, resolve=True)
+    for key in RESUME_MAY_CHANGE:
+        before.pop(key, None)
+        now.pop(key, None)
+    found = _first_difference(before, now, "")
+    if not found:
+        return
+    field, old, new = found
+    parent_key, _, leaf = field.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    if isinstance(parent, DictConfig) and leaf in parent and OmegaConf.is_interpolation(parent, leaf):
+        source = parent._get_node(leaf)._value()
+        raise ConfigError(
+            f"resume: checkpoint '{path}' was written with {field}={old!r}; here {field}={source} gives {new!r}; "
+            f"pass {field}={old!r} to keep the checkpoint's value"
+        )
+    raise ConfigError(
+        f"resume: checkpoint '{path}' was written with {field}={old!r}, this run has {field}={new!r}; "
+        f"only {', '.join(RESUME_MAY_CHANGE[:-1])} may change on resume"
+    )
 
 
 def _env_shapes(cfg: DictConfig) -> dict[str, tuple[int, ...]] | None:

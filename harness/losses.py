@@ -168,8 +168,8 @@ def _plain(fields: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _per_dim(values: Sequence[float], dim: int, default: float, field: str) -> np.ndarray:
-    if len(values) == 0:
+def _per_dim(values: Sequence[float] | None, dim: int, default: float, field: str) -> np.ndarray:
+    if values is None or len(values) == 0:  # empty or null in the YAML: the default
         return np.full(dim, default, dtype=np.float32)
     if len(values) != dim:
         raise ValueError(f"{field}: needs {dim} values for this observable, got {len(values)}")

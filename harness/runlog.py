@@ -62,18 +62,19 @@ class RunLog:
         """Write an RGB image, uint8 of shape (height, width, 3)."""
         self.writer.add_image(tag, image, global_step=step, dataformats="HWC")
 
-    def hparams(self, values: dict[str, bool | int | float | str], metrics: dict[str, float]) -> None:
+    def hparams(self, values: dict[str, bool | int | float | str], metrics: dict[str, float], *, step: int) -> None:
         """Record the run's hyperparameters and final metrics for the HParams dashboard.
 
         The experiment, session-start and session-end summaries go into this run's own
-        event file (not a sub-folder), followed by one scalar per metric tag, so every run
-        of a sweep is one row of the HParams table.
+        event file (not a sub-folder), followed by one scalar per metric tag at ``step`` (the
+        run's last iteration, so a resumed run's purge hides an earlier process's record),
+        so every run of a sweep is one row of the HParams table.
         """
         experiment, start, end = hparams_summaries(values, {tag: 0.0 for tag in metrics})
         file_writer = self.writer._get_file_writer()
         for summary in (experiment, start, end):
             file_writer.add_summary(summary)
-        self.scalars(0, metrics)
+        self.scalars(step, metrics)
         self.writer.flush()
 
     def flush(self) -> None:

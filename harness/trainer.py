@@ -418,6 +418,7 @@ class Trainer:
                         "hparams/nonfinite_steps": summary["nonfinite_steps"],
                         "hparams/wall_time_s": summary["wall_time_s"],
                     },
+                    step=settings.iterations,
                 )
         finally:
             for sig, handler in previous.items():

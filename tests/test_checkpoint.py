@@ -159,7 +159,7 @@ def test_damaged_checkpoint_is_refused_and_the_others_stay_untouched(tmp_path, d
     ok = train([*RUN, "iterations=8", f"resume={files[0]}"], tmp_path)
     assert ok.returncode == 0, ok.stderr
     folder = checkpoint.checkpoint_dir(run_dir)
-    assert sorted(p.name for p in (folder / "abandoned").iterdir()) == [files[1].name, files[2].name]
+    assert sorted(p.name for p in (folder / "abandoned").rglob("*.hckpt")) == [files[1].name, files[2].name]
     assert [checkpoint.load(p).iteration for p in checkpoint.list_checkpoints(folder)] == [2, 8]
 
 
@@ -237,3 +237,59 @@ def test_a_checkpoint_outside_a_run_folder_is_refused(tmp_path, make_checkpoints
     proc = train([*RUN, "iterations=8", f"resume={loose}"], tmp_path)
     assert proc.returncode == 2
     assert "not inside a run's checkpoints/ folder" in proc.stderr
+
+
+def test_resume_by_bare_file_name_from_inside_the_checkpoints_folder(tmp_path, make_checkpoints):
+    run_dir = make_checkpoints(tmp_path)
+    folder = checkpoint.checkpoint_dir(run_dir)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "train", *RUN, "iterations=8", "resume=ckpt_00000006.hckpt"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert checkpoint.load(checkpoint.list_checkpoints(folder)[-1]).iteration == 8  # continued in the run folder
+
+
+def test_resuming_twice_from_an_old_checkpoint_keeps_both_abandoned_branches(tmp_path, make_checkpoints):
+    run_dir = make_checkpoints(tmp_path)
+    folder = checkpoint.checkpoint_dir(run_dir)
+    originals = {p.name: p.read_bytes() for p in checkpoint.list_checkpoints(folder)[1:]}
+    for every in ("2", "1"):  # two different continuations from iteration 2
+        proc = train(
+            [*RUN, "iterations=6", f"checkpoint.every={every}", f"resume={folder / 'ckpt_00000002.hckpt'}"], tmp_path
+        )
+        assert proc.returncode == 0, proc.stderr
+    first, second = sorted((folder / "abandoned").iterdir())
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == originals  # the original run's files, unchanged
+    assert sorted(p.name for p in second.iterdir()) == ["ckpt_00000004.hckpt", "ckpt_00000006.hckpt"]
+
+
+def test_a_changed_value_derived_from_iterations_is_named_with_its_source(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*RUN, "schedule=cosine", "checkpoint.every=2", f"hydra.run.dir={run_dir}"]
+    assert train([*args, "iterations=4"], tmp_path).returncode == 0
+    proc = train([*args, "iterations=6", "resume=auto"], tmp_path)
+    assert proc.returncode == 2
+    assert "schedule.decay_steps=${iterations} gives 6; pass schedule.decay_steps=4" in proc.stderr
+    assert train([*args, "iterations=6", "resume=auto", "schedule.decay_steps=4"], tmp_path).returncode == 0
+
+
+def test_multirun_resume_checks_each_jobs_checkpoint_against_its_config(tmp_path):
+    sweep = tmp_path / "sweep"
+    base = [*RUN, "iterations=4", "checkpoint.every=2", "clip.max_norm=1,2", f"hydra.sweep.dir={sweep}"]
+    assert train(["-m", *base], tmp_path).returncode == 0
+    proc = train(["-m", *base, "iterations=6", "resume=auto", "optim.lr=0.01"], tmp_path)
+    assert proc.returncode == 2
+    assert "was written with optim.lr=0.5, this run has optim.lr=0.01" in proc.stderr
+    ok = train(["-m", *base, "iterations=6", "resume=auto"], tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    for job in ("clip.max_norm=1", "clip.max_norm=2"):
+        saved = checkpoint.list_checkpoints(checkpoint.checkpoint_dir(sweep / job))
+        assert checkpoint.load(saved[-1]).iteration == 6
+        # The job's curve continues: every iteration once, the resumed ones included.
+        assert loss_curve(sweep / job)[0] == list(range(6))

@@ -31,6 +31,8 @@ CASES = [
     ("negative_world_count", ["train", *ENV, "env.world_count=-3"], "env.world_count", ">= 1"),
     ("zero_iterations", ["train", *ENV, "iterations=0"], "iterations", ">= 1"),
     ("unknown_device", ["train", *ENV, "device=cuda:7"], "device", "cpu"),
+    ("not_an_env", ["train", *ENV, "env._target_=harness.losses.WeightedLoss"], "env._target_", "Env subclass"),
+    ("unknown_loss_source", ["train", *ENV, "loss.terms.pose.source=bogus"], "loss.terms.pose.source", "joint_q"),
     ("unknown_command", ["fly"], "command", "train"),
 ]
 
