@@ -231,9 +231,6 @@ class CartpoleEnv(Env):
         for scratch in self.scratch:
             for array in scratch.values():
                 array.grad.zero_()
-        for array in self._solver_scratch.values():
-            if array.grad is not None:
-                array.grad.zero_()
         self.joint_f.grad.zero_()
         self.joint_q_traj.grad.zero_()
         self.joint_qd_traj.grad.zero_()

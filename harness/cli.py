@@ -60,7 +60,7 @@ def train_command(cfg: DictConfig) -> float:
     """
     from harness import checkpoint
     from harness.clip import NonFiniteGradientError
-    from harness.trainer import Trainer, TrainingInterrupted, write_json
+    from harness.trainer import TrainingInterrupted, write_json
 
     hydra_cfg = HydraConfig.get()
     try:
@@ -79,7 +79,7 @@ def train_command(cfg: DictConfig) -> float:
             _fail(exc)  # no summary.json: the job folder's own one stays as it was
     if not (run_dir / "config.yaml").exists():
         (run_dir / "config.yaml").write_text(config.resolved_yaml(cfg))
-    trainer = Trainer(run.env, run.loss, run.optimizer, run.clip, run.settings, schedule=run.schedule)
+    trainer = run.trainer()
     print(f"run folder: {run_dir}", flush=True)
     try:
         summary = trainer.fit(

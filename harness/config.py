@@ -56,6 +56,14 @@ class Run:
     schedule: Any
     settings: Any
 
+    def trainer(self, settings: Any = None) -> Any:
+        """The :class:`~harness.trainer.Trainer` of this run (optionally with other loop settings)."""
+        from harness.trainer import Trainer
+
+        return Trainer(
+            self.env, self.loss, self.optimizer, self.clip, settings or self.settings, schedule=self.schedule
+        )
+
 
 def _check_int(cfg: Mapping[str, Any], field: str, minimum: int, *, prefix: str = "") -> int:
     value = cfg.get(field)
@@ -213,6 +221,22 @@ def _check_writable(field: str, folder: Path) -> None:
         raise ConfigError(f"{field}: '{folder}' cannot be written (no write permission on '{probe}')")
 
 
+def compose_config(config_name: str, overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
+    """Compose ``configs/<config_name>.yaml`` with overrides, as the CLI would, without a run.
+
+    Returns:
+        The config without its ``hydra`` node, and the chosen option of every config group.
+    """
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, choices
+
+
 def precheck(config_name: str, args: list[str]) -> Path | None:
     """Validate a command line before Hydra creates any folder or a kernel is compiled.
 
@@ -224,7 +248,6 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     Returns:
         The run folder a ``resume=<path>`` continues in, else None.
     """
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
     multirun = any(a in ("-m", "--multirun") for a in args)
@@ -240,13 +263,9 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
             _check_choice(o.key_or_group, values)
     shared = [text for text, o in zip(overrides, parsed, strict=True) if not (multirun and o.is_sweep_override())]
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=shared, return_hydra_config=True)
+        cfg, choices = compose_config(config_name, shared)
     except HydraException as exc:
         raise ConfigError(_first_line(exc)) from None
-    choices = dict(cfg.hydra.runtime.choices)
-    with open_dict(cfg):
-        del cfg["hydra"]
     validate(cfg, choices)
     given = {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
     field = "hydra.sweep.dir" if multirun else "hydra.run.dir"

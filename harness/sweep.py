@@ -34,7 +34,7 @@ class WarmKernelCache(Callback):
         if not self.enabled or config.get("env") is None:
             return
         from harness import config as harness_config
-        from harness.trainer import Trainer, TrainSettings
+        from harness.trainer import TrainSettings
 
         choices = dict(config.hydra.runtime.choices)
         cfg = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
@@ -49,7 +49,7 @@ class WarmKernelCache(Callback):
             print(f"kernel cache warm-up skipped ({exc})", file=sys.stderr, flush=True)
             return
         settings = TrainSettings(iterations=1, log_every=1, seed=run.settings.seed, device=run.settings.device)
-        trainer = Trainer(run.env, run.loss, run.optimizer, run.clip, settings, schedule=run.schedule)
+        trainer = run.trainer(settings)
         trainer.step(0, log_step=True)
         trainer.evaluate()
         print(f"kernel cache warmed in {time.perf_counter() - start:.1f} s", flush=True)

@@ -1,6 +1,6 @@
 """Where a cartpole training iteration spends its time (the trainer's timing breakdown).
 
-Runs the default cartpole problem (240 steps, 4 worlds, Adam, global-norm clip) for a few
+Runs the default configuration (`configs/train.yaml` with `+env=cartpole`) for a few
 iterations after one warm-up iteration (kernel loading), then prints each phase's share
 of the iteration, measured in one run. On the CPU, Warp launches are synchronous, so host
 timers measure the kernels themselves.
@@ -12,18 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-import harness  # noqa: F401  (quiet Warp)
-from envs.cartpole import CartpoleEnv
-from harness.clip import clip_by_global_norm
-from harness.losses import WeightedLoss
-from harness.optim import adam
-from harness.trainer import Trainer, TrainSettings
-
-TERMS = {
-    "pose": {"source": "joint_q", "dim_weights": [0.1, 1.0, 1.0]},
-    "velocity": {"source": "joint_qd", "dim_weights": [0.01, 0.1, 0.1]},
-    "effort": {"source": "controls", "weight": 1e-3},
-}
+from harness import config
+from harness.trainer import TrainSettings
 
 
 def main() -> None:
@@ -33,14 +23,14 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, default=4)
     parser.add_argument("--adjoint-max-norm", type=float, default=None)
     args = parser.parse_args()
-    adjoint = {"max_norm": args.adjoint_max_norm, "profile": False}
-    trainer = Trainer(
-        env=CartpoleEnv(horizon=args.horizon, world_count=args.worlds, device="cpu"),
-        loss=WeightedLoss(TERMS),
-        optimizer=adam(0.5),
-        clip=clip_by_global_norm(1.0, adjoint=adjoint),
-        settings=TrainSettings(iterations=args.iterations + 1, log_every=args.iterations + 1, device="cpu"),
-    )
+    overrides = ["+env=cartpole", f"env.horizon={args.horizon}", f"env.world_count={args.worlds}", "device=cpu"]
+    if args.adjoint_max_norm is not None:
+        overrides.append(f"clip.adjoint.max_norm={args.adjoint_max_norm}")
+    run = config.build_run(
+        *config.compose_config("train", overrides)
+    )  # the default config: the loss, optimizer and clip a user gets
+    settings = TrainSettings(iterations=args.iterations + 1, log_every=args.iterations + 1, device="cpu")
+    trainer = run.trainer(settings)
     trainer.step(0, log_step=False)  # loads every kernel module
     trainer.timing = dict.fromkeys(trainer.timing, 0.0)
     for it in range(1, args.iterations + 1):

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, open_dict
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
 
 from envs.cartpole import CartpoleEnv
 from harness import config
@@ -19,6 +23,9 @@ UPRIGHT_TERMS = {
 }
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def make_trainer(
     *,
     horizon: int = 30,
@@ -27,23 +34,46 @@ def make_trainer(
     log_every: int = 5,
     lr: float = 0.5,
     max_norm: float = 1.0,
+    loss_terms: dict | None = None,
+    optimizer=None,
+    clip=None,
+    schedule=None,
     **env_kw,
 ) -> Trainer:
+    """A trainer on the real cartpole; Adam(lr), norm clip at max_norm and the upright loss by default."""
     env = CartpoleEnv(horizon=horizon, world_count=world_count, device="cpu", **env_kw)
     return Trainer(
         env=env,
-        loss=WeightedLoss(UPRIGHT_TERMS),
-        optimizer=adam(lr),
-        clip=clip_by_global_norm(max_norm),
+        loss=WeightedLoss(loss_terms or UPRIGHT_TERMS),
+        optimizer=optimizer or adam(lr),
+        clip=clip or clip_by_global_norm(max_norm),
         settings=TrainSettings(iterations=iterations, log_every=log_every, seed=0, device="cpu"),
+        schedule=schedule,
     )
+
+
+def harness_env(extra: dict | None = None) -> dict:
+    """The environment of a ``python -m harness`` subprocess: this checkout on the path."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), **(extra or {})}
+
+
+def run_harness(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``python -m harness ARGS`` to completion, capturing its output as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=cwd,
+        env=harness_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_harness(*args: str, cwd: Path, **popen) -> subprocess.Popen:
+    """Start ``python -m harness ARGS`` in the background."""
+    return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=cwd, env=harness_env(), **popen)
 
 
 def compose_run(*overrides: str, config_name: str = "train") -> tuple[DictConfig, dict]:
     """Compose a config as the CLI would; returns (config without hydra, group choices)."""
-    with initialize_config_dir(config_dir=str(config.CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
-    choices = dict(cfg.hydra.runtime.choices)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg, choices
+    return config.compose_config(config_name, list(overrides))

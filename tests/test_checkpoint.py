@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,21 +16,17 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from harness import checkpoint
+from tests.helpers import run_harness, start_harness
 
-ROOT = Path(__file__).resolve().parent.parent
 RUN = ["+env=cartpole", "env.horizon=10", "env.world_count=2", "optim.lr=0.5", "log_every=3"]
 
 
 def start(args: list[str], cwd: Path, **popen) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "harness", "train", *args], cwd=cwd, env=env, **popen)
+    return start_harness("train", *args, cwd=cwd, **popen)
 
 
 def train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "harness", "train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
+    return run_harness("train", *args, cwd=cwd)
 
 
 def wait_for(predicate, proc: subprocess.Popen, timeout: float = 240) -> None:
@@ -242,15 +236,7 @@ def test_a_checkpoint_outside_a_run_folder_is_refused(tmp_path, make_checkpoints
 def test_resume_by_bare_file_name_from_inside_the_checkpoints_folder(tmp_path, make_checkpoints):
     run_dir = make_checkpoints(tmp_path)
     folder = checkpoint.checkpoint_dir(run_dir)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness", "train", *RUN, "iterations=8", "resume=ckpt_00000006.hckpt"],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = train([*RUN, "iterations=8", "resume=ckpt_00000006.hckpt"], folder)
     assert proc.returncode == 0, proc.stderr
     assert checkpoint.load(checkpoint.list_checkpoints(folder)[-1]).iteration == 8  # continued in the run folder
 

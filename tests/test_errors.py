@@ -3,17 +3,15 @@ nothing written (validation runs before Hydra creates a folder or a kernel is co
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from harness import checkpoint
+from tests.helpers import run_harness
 
-ROOT = Path(__file__).resolve().parent.parent
 ENV = ["+env=cartpole", "env.horizon=4", "env.world_count=1", "iterations=1"]
 
 CASES = [
@@ -38,10 +36,7 @@ CASES = [
 
 
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
+    return run_harness(*args, cwd=cwd, timeout=120)
 
 
 def assert_clean_rejection(proc: subprocess.CompletedProcess, field: str, accepted: str, cwd: Path) -> None:

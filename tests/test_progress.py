@@ -5,29 +5,21 @@ from __future__ import annotations
 import os
 import pty
 import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import start_harness
 
 
 def test_progress_line_is_redrawn_in_place_on_a_terminal(tmp_path):
     leader, follower = pty.openpty()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "train",
-            "+env=cartpole",
-            "env.horizon=8",
-            "env.world_count=1",
-            "iterations=6",
-            "log_every=3",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
+    proc = start_harness(
+        "train",
+        "+env=cartpole",
+        "env.horizon=8",
+        "env.world_count=1",
+        "iterations=6",
+        "log_every=3",
+        f"hydra.run.dir={tmp_path / 'run'}",
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdin=subprocess.DEVNULL,
         stdout=follower,
         stderr=subprocess.DEVNULL,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
 import signal
 import socket
@@ -20,15 +19,12 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import run_harness, start_harness
+
 TINY = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "iterations=4", "log_every=2"]
 
 
-def harness(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
-    )
+harness = run_harness
 
 
 @pytest.fixture(scope="module")
@@ -117,19 +113,13 @@ def test_report_writes_a_sorted_table_csv_and_png(joblib_sweep, tmp_path):
 def start_long_job(sweep: Path, threshold: str, cwd: Path) -> tuple[subprocess.Popen, Path]:
     """A multirun job that would run for a long time, once it has logged a few iterations."""
     long_args = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "iterations=100000", "log_every=1"]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "train",
-            "-m",
-            *long_args,
-            f"clip.max_norm={threshold},99",
-            f"hydra.sweep.dir={sweep}",
-        ],
+    proc = start_harness(
+        "train",
+        "-m",
+        *long_args,
+        f"clip.max_norm={threshold},99",
+        f"hydra.sweep.dir={sweep}",
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

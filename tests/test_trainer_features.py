@@ -3,29 +3,21 @@ read back from the TensorBoard files with TensorBoard's own reader."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from envs.cartpole import CartpoleEnv
 from harness import checkpoint
 from harness.clip import clip_by_global_norm, no_clip
-from harness.losses import WeightedLoss
-from harness.optim import adam, adamw_schedulefree, sgd
+from harness.optim import adamw_schedulefree, sgd
 from harness.schedules import constant, linear_warmup
-from harness.trainer import Trainer, TrainSettings
-from tests.helpers import UPRIGHT_TERMS
+from harness.trainer import Trainer
+from tests.helpers import make_trainer
 
-
-def trainer(*, horizon=30, worlds=1, iterations=6, log_every=3, clip=None, optimizer=None, schedule=None, loss=None):
-    return Trainer(
-        env=CartpoleEnv(horizon=horizon, world_count=worlds, device="cpu"),
-        loss=WeightedLoss(loss or UPRIGHT_TERMS),
-        optimizer=optimizer or adam(0.5),
-        clip=clip or clip_by_global_norm(1.0),
-        settings=TrainSettings(iterations=iterations, log_every=log_every, device="cpu"),
-        schedule=schedule,
-    )
+trainer = functools.partial(make_trainer, world_count=1, iterations=6, log_every=3)
+"""One world, six iterations, a log read-back every third."""
 
 
 def read(run_dir) -> EventAccumulator:
@@ -45,7 +37,7 @@ FINAL = {
 
 
 def test_adjoint_profile_is_logged_as_histogram_image_and_scalars_at_log_steps(tmp_path):
-    t = trainer(horizon=60, clip=clip_by_global_norm(1.0, adjoint={"max_norm": 1e-3}), loss=FINAL)
+    t = trainer(horizon=60, clip=clip_by_global_norm(1.0, adjoint={"max_norm": 1e-3}), loss_terms=FINAL)
     t.fit(tmp_path)
     acc = read(tmp_path)
     assert [e.step for e in acc.Histograms("hist/adjoint/log10_norm_pre")] == [2, 5]
@@ -59,18 +51,18 @@ def test_adjoint_profile_is_logged_as_histogram_image_and_scalars_at_log_steps(t
 
 
 def test_infinite_adjoint_threshold_gives_the_unclipped_gradient_bit_for_bit():
-    plain = trainer(horizon=120, loss=FINAL)
+    plain = trainer(horizon=120, loss_terms=FINAL)
     plain.forward_backward()
-    measured = trainer(horizon=120, loss=FINAL, clip=clip_by_global_norm(1.0, adjoint={"max_norm": float("inf")}))
+    measured = trainer(horizon=120, loss_terms=FINAL, clip=clip_by_global_norm(1.0, adjoint={"max_norm": float("inf")}))
     measured.forward_backward()
     np.testing.assert_array_equal(plain.params.grad.numpy(), measured.params.grad.numpy())
     assert measured.adjoint.profile().max() > 0  # it did measure
 
 
 def test_adjoint_clip_bounds_the_gradient_the_loop_sees():
-    plain = trainer(horizon=400, loss=FINAL)
+    plain = trainer(horizon=400, loss_terms=FINAL)
     plain.forward_backward()
-    clipped = trainer(horizon=400, loss=FINAL, clip=clip_by_global_norm(1e6, adjoint={"max_norm": 0.1}))
+    clipped = trainer(horizon=400, loss_terms=FINAL, clip=clip_by_global_norm(1e6, adjoint={"max_norm": 0.1}))
     clipped.forward_backward()
     g_plain = np.linalg.norm(plain.params.grad.numpy())
     g_clipped = np.linalg.norm(clipped.params.grad.numpy())
