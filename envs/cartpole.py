@@ -25,15 +25,15 @@ import newton.examples
 import numpy as np
 import warp as wp
 
-from envs.base import (
+from harness.env import (
     Env,
     StepHook,
     Trajectory,
+    array_grads,
     host_rng,
     require_bool,
     require_int,
     require_number,
-    zero_array_grads,
 )
 from harness.params import ParamSet, ParamSpec
 
@@ -139,7 +139,7 @@ class CartpoleEnv(Env):
         )
         self.controls = []
         for t in range(self.horizon):
-            control = self.model.control()
+            control = self.model.control(clone_variables=False)  # only joint_f is per step
             control.joint_f = self.joint_f[t]
             self.controls.append(control)
         self._solver_scratch = {name: getattr(self.solver, name) for name in FEATHERSTONE_SCRATCH}
@@ -224,16 +224,16 @@ class CartpoleEnv(Env):
     def zero_grad(self) -> None:
         # The model's and the solver's own arrays receive adjoints too (gravity, joint
         # frames, inertias): nothing reads them today, but they must not accumulate.
-        zero_array_grads(self.model)
-        zero_array_grads(self.solver)
-        for state in self.states:
-            zero_array_grads(state)
-        for scratch in self.scratch:
-            for array in scratch.values():
-                array.grad.zero_()
-        self.joint_f.grad.zero_()
-        self.joint_q_traj.grad.zero_()
-        self.joint_qd_traj.grad.zero_()
+        # One memset each: replayed from a graph, thousands of memsets cost less than one
+        # kernel over a pointer table (measured: 0.14 vs 0.54 ms at 1 world, 33 vs 120 ms at 256).
+        for grad in (
+            *array_grads(self.model, self.solver, *self.states),
+            *(array.grad for scratch in self.scratch for array in scratch.values()),
+            self.joint_f.grad,
+            self.joint_q_traj.grad,
+            self.joint_qd_traj.grad,
+        ):
+            grad.zero_()
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
         q = trajectory["joint_q"].numpy().astype(np.float64)

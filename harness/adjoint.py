@@ -1,7 +1,7 @@
 """Clipping inside the backward pass: the simulation state's adjoint, step by step.
 
 This module owns :class:`AdjointClipper`. Handed to a rollout as its ``after_step`` hook
-(:data:`envs.base.StepHook`), it records one ``Tape.record_func`` per simulation step.
+(:data:`harness.env.StepHook`), it records one ``Tape.record_func`` per simulation step.
 When ``Tape.backward`` reaches it (after the adjoint of state ``t + 1`` has been
 accumulated from everything later in the tape, before it flows into step ``t``), the
 callback

@@ -147,6 +147,55 @@ def load(path: Path) -> Checkpoint:
     return Checkpoint(arrays=arrays, meta=meta, path=path)
 
 
+def check_fits(
+    saved: Checkpoint,
+    path: Path,
+    *,
+    env: str | None = None,
+    shapes: dict[str, Any] | None = None,
+    iterations: int | None = None,
+    components: dict[str, Any] | None = None,
+) -> None:
+    """Refuse a checkpoint that another problem wrote; each given criterion is checked.
+
+    The one place both the command line's early check (before anything is written) and
+    the trainer's resume compare a checkpoint with a run.
+
+    Args:
+        saved: The loaded checkpoint.
+        path: Its file (named in the messages).
+        env: This run's env identity (the env class's ``name``).
+        shapes: This run's parameter shapes by name.
+        iterations: This run's ``iterations`` (must reach the checkpoint's iteration).
+        components: Further identity entries of the checkpoint's meta that must match
+            (``layout``, ``optimizer``, ``schedule``, ``clip``).
+
+    Raises:
+        CheckpointError: One line naming the file, what differs and what would fit.
+    """
+    meta = saved.meta
+    if env is not None and meta.get("env") != env:
+        raise CheckpointError(
+            f"resume: checkpoint '{path}' was written by env '{meta.get('env')}'; this run's env is '{env}'"
+        )
+    if shapes is not None:
+        saved_shapes = {name: tuple(shape) for name, shape, *_ in meta.get("layout", [])}
+        mine = {name: tuple(shape) for name, shape in shapes.items()}
+        if saved_shapes != mine:
+            raise CheckpointError(f"resume: checkpoint '{path}' holds parameters {saved_shapes}; this run's are {mine}")
+    if iterations is not None and saved.iteration > iterations:
+        raise CheckpointError(
+            f"iterations: {iterations} is before the checkpoint's iteration {saved.iteration} ('{path}'); "
+            f"accepted: iterations >= {saved.iteration}"
+        )
+    for key, mine in (components or {}).items():
+        if meta.get(key) != mine:
+            raise CheckpointError(
+                f"resume: checkpoint '{path}' does not fit this run: its {key} is {meta.get(key)!r}, "
+                f"this run's is {mine!r}"
+            )
+
+
 def resolve(resume: str, run_dir: Path) -> Path | None:
     """The checkpoint file ``resume`` points at.
 

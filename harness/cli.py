@@ -60,7 +60,7 @@ def train_command(cfg: DictConfig) -> float:
     """
     from harness import checkpoint
     from harness.clip import NonFiniteGradientError
-    from harness.trainer import TrainingInterrupted, write_json
+    from harness.training import CaptureError, TrainingInterrupted, write_json
 
     hydra_cfg = HydraConfig.get()
     try:
@@ -79,7 +79,10 @@ def train_command(cfg: DictConfig) -> float:
             _fail(exc)  # no summary.json: the job folder's own one stays as it was
     if not (run_dir / "config.yaml").exists():
         (run_dir / "config.yaml").write_text(config.resolved_yaml(cfg))
-    trainer = run.trainer()
+    try:
+        trainer = run.trainer()
+    except CaptureError as exc:
+        _fail(exc)
     print(f"run folder: {run_dir}", flush=True)
     try:
         summary = trainer.fit(

@@ -1,9 +1,9 @@
 """Turns a composed Hydra config into typed objects, and rejects bad input early.
 
 Hydra lives only here, in :mod:`harness.cli` and in :mod:`harness.sweep`: everything below ``train(...)`` receives
-plain Python objects (an :class:`~envs.base.Env`, a :class:`~harness.losses.WeightedLoss`,
+plain Python objects (an :class:`~harness.env.Env`, a :class:`~harness.losses.WeightedLoss`,
 an :class:`~harness.optim.Optimizer`, a :class:`~harness.clip.ClipPolicy`,
-:class:`~harness.trainer.TrainSettings`). Every error is a :class:`ConfigError` whose
+:class:`~harness.training.loop.TrainSettings`). Every error is a :class:`ConfigError` whose
 message is one line naming the field and what is accepted.
 """
 
@@ -57,8 +57,8 @@ class Run:
     settings: Any
 
     def trainer(self, settings: Any = None) -> Any:
-        """The :class:`~harness.trainer.Trainer` of this run (optionally with other loop settings)."""
-        from harness.trainer import Trainer
+        """The :class:`~harness.training.Trainer` of this run (optionally with other loop settings)."""
+        from harness.training import Trainer
 
         return Trainer(
             self.env, self.loss, self.optimizer, self.clip, settings or self.settings, schedule=self.schedule
@@ -128,14 +128,14 @@ def check_env_fields(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     """
     fields = OmegaConf.to_container(cfg.env, resolve=True)
     target = fields.pop("_target_", None)
-    from envs.base import Env
+    from harness.env import Env
 
     try:
         env_class = hydra.utils.get_class(target)
     except Exception:
         raise ConfigError(f"env._target_: cannot import '{target}'") from None
     if not (isinstance(env_class, type) and issubclass(env_class, Env)):
-        raise ConfigError(f"env._target_: '{target}' is not an envs.base.Env subclass")
+        raise ConfigError(f"env._target_: '{target}' is not an harness.env.Env subclass")
     try:
         env_class.check_config(**fields)
     except TypeError as exc:  # unknown field
@@ -143,6 +143,12 @@ def check_env_fields(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return env_class, fields
+
+
+def _check_capture(value: Any) -> bool | str:
+    if value == "auto" or isinstance(value, bool):
+        return value
+    raise ConfigError(f"capture: expected auto, true or false, got {value!r}")
 
 
 def _check_resume(value: Any) -> str | None:
@@ -159,7 +165,7 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
     Returns:
         The run with every side-effect-free object built and ``env`` still None.
     """
-    from harness.trainer import TrainSettings
+    from harness.training.loop import TrainSettings
 
     require_env(cfg)
     checkpoint = cfg.get("checkpoint") or {}
@@ -171,9 +177,15 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
         checkpoint_every=_check_int(checkpoint, "every", 0, prefix="checkpoint."),
         checkpoint_keep=_check_int(checkpoint, "keep", 1, prefix="checkpoint."),
         resume=_check_resume(cfg.get("resume")),
+        capture=_check_capture(cfg.get("capture", "auto")),
     )
     check_group_types(cfg, choices)
     env_class, env_fields = check_env_fields(cfg)
+    if settings.capture is True and not getattr(env_class, "capturable", True):
+        note = getattr(env_class, "capture_note", "") or "it declares capturable = False"
+        raise ConfigError(
+            f"capture: env '{env_class.name}' cannot be captured ({note}); accepted: capture=auto or false"
+        )
     loss = _instantiate(cfg, "loss")
     observables = env_class.observable_dims(**env_fields)
     if observables is not None:
@@ -283,7 +295,7 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     return _check_checkpoint(str(resume), given.get("hydra.run.dir"), cfg, choices)
 
 
-RESUME_MAY_CHANGE = ("iterations", "log_every", "checkpoint", "device", "resume")
+RESUME_MAY_CHANGE = ("iterations", "log_every", "checkpoint", "device", "capture", "resume")
 """Top-level config keys a resumed run may change; everything else must match the checkpoint."""
 
 
@@ -329,23 +341,17 @@ def _check_checkpoint(resume: str, run_dir: Any, cfg: DictConfig, choices: Mappi
             raise ConfigError(
                 f"resume: '{path}' belongs to run folder '{run_folder}'; drop hydra.run.dir or set it to that folder"
             )
-    env = choices.get("env")
-    if env is not None and saved.meta.get("env") != env:
-        raise ConfigError(
-            f"resume: checkpoint '{path}' was written by env '{saved.meta.get('env')}'; this run's env is '{env}'"
+    env_class, fields = check_env_fields(cfg)
+    try:
+        checkpoint.check_fits(
+            saved,
+            path,
+            env=env_class.name,
+            shapes=env_class.parameter_shapes(**fields),
+            iterations=cfg.iterations,
         )
-    shapes = _env_shapes(cfg)
-    if shapes is not None:
-        saved_shapes = {name: tuple(shape) for name, shape, *_ in saved.meta.get("layout", [])}
-        if saved_shapes != {name: tuple(shape) for name, shape in shapes.items()}:
-            raise ConfigError(
-                f"resume: checkpoint '{path}' holds parameters {saved_shapes}; this run's are {dict(shapes)}"
-            )
-    if saved.iteration > cfg.iterations:
-        raise ConfigError(
-            f"iterations: {cfg.iterations} is before the checkpoint's iteration {saved.iteration} ('{path}'); "
-            f"accepted: iterations >= {saved.iteration}"
-        )
+    except checkpoint.CheckpointError as exc:
+        raise ConfigError(str(exc)) from None
     check_saved_config(saved, cfg, path)
     return run_folder
 
@@ -377,11 +383,6 @@ def check_saved_config(saved: Any, cfg: DictConfig, path: Path) -> None:
         f"resume: checkpoint '{path}' was written with {field}={old!r}, this run has {field}={new!r}; "
         f"only {', '.join(RESUME_MAY_CHANGE[:-1])} may change on resume"
     )
-
-
-def _env_shapes(cfg: DictConfig) -> dict[str, tuple[int, ...]] | None:
-    env_class, fields = check_env_fields(cfg)
-    return env_class.parameter_shapes(**fields)
 
 
 HPARAM_KEYS = (

@@ -14,9 +14,10 @@ import dataclasses
 import numpy as np
 import warp as wp
 
-from envs.base import Env
+from harness.env import Env
 from harness.losses import WeightedLoss
 from harness.params import ParamSet
+from harness.training.step import record_rollout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,12 +78,7 @@ def check_gradients(
     params = ParamSet(env.parameter_specs(), device=device)
     loss.bind(env.observables(), device=params.device)
 
-    params.zero_grad()
-    env.zero_grad()
-    loss.zero()
-    tape = wp.Tape()
-    with tape:
-        total = loss(env.rollout(params))
+    tape, _, total = record_rollout(env, loss, params)
     tape.backward(total)
     grad = params.grad.numpy().astype(np.float64)
 

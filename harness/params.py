@@ -146,21 +146,20 @@ class ParamSet:
         """Zero every gradient entry (one memset over the flat buffer)."""
         self.grad.zero_()
 
-    def numpy(self) -> dict[str, np.ndarray]:
-        """Host copies of every parameter, by name, in the view's full shape."""
-        flat = self.data.numpy()
+    def split(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """Host copies of every parameter's part of a flat host array laid out like ``data``, by name."""
         return {
             spec.name: flat[seg.offset : seg.offset + seg.length].reshape(spec.shape + _inner_shape(spec.dtype)).copy()
             for spec, seg in zip(self.specs, self.segments, strict=True)
         }
 
+    def numpy(self) -> dict[str, np.ndarray]:
+        """Host copies of every parameter, by name, in the view's full shape."""
+        return self.split(self.data.numpy())
+
     def grad_numpy(self) -> dict[str, np.ndarray]:
         """Host copies of every gradient, by name, in the view's full shape."""
-        flat = self.grad.numpy()
-        return {
-            spec.name: flat[seg.offset : seg.offset + seg.length].reshape(spec.shape + _inner_shape(spec.dtype)).copy()
-            for spec, seg in zip(self.specs, self.segments, strict=True)
-        }
+        return self.split(self.grad.numpy())
 
 
 def _inner_shape(dtype: type) -> tuple[int, ...]:

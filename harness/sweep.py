@@ -34,7 +34,7 @@ class WarmKernelCache(Callback):
         if not self.enabled or config.get("env") is None:
             return
         from harness import config as harness_config
-        from harness.trainer import TrainSettings
+        from harness.training.loop import TrainSettings
 
         choices = dict(config.hydra.runtime.choices)
         cfg = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
@@ -50,6 +50,7 @@ class WarmKernelCache(Callback):
             return
         settings = TrainSettings(iterations=1, log_every=1, seed=run.settings.seed, device=run.settings.device)
         trainer = run.trainer(settings)
-        trainer.step(0, log_step=True)
-        trainer.evaluate()
+        trainer.step.run()  # every kernel of an iteration (a capture records the same kernels)
+        trainer.step.log_values()
+        trainer.step.evaluate()
         print(f"kernel cache warmed in {time.perf_counter() - start:.1f} s", flush=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from harness import config
-from harness.trainer import TrainSettings
+from harness.training.loop import TrainSettings
 
 
 def main() -> None:
@@ -31,14 +31,14 @@ def main() -> None:
     )  # the default config: the loss, optimizer and clip a user gets
     settings = TrainSettings(iterations=args.iterations + 1, log_every=args.iterations + 1, device="cpu")
     trainer = run.trainer(settings)
-    trainer.step(0, log_step=False)  # loads every kernel module
-    trainer.timing = dict.fromkeys(trainer.timing, 0.0)
-    for it in range(1, args.iterations + 1):
-        trainer.step(it, log_step=False)
-    total = sum(trainer.timing.values())
+    trainer.step.run()  # loads every kernel module
+    trainer.step.timing = dict.fromkeys(trainer.step.timing, 0.0)
+    for _it in range(1, args.iterations + 1):
+        trainer.step.run()
+    total = sum(trainer.step.timing.values())
     per_iteration_ms = 1e3 * total / args.iterations
     print(f"{args.iterations} iterations, horizon {args.horizon}, {args.worlds} worlds: {per_iteration_ms:.1f} ms each")
-    for phase, seconds in trainer.timing.items():
+    for phase, seconds in trainer.step.timing.items():
         print(f"  {phase:<16} {1e3 * seconds / args.iterations:9.2f} ms  {100 * seconds / total:6.2f} %")
 
 

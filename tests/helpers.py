@@ -14,7 +14,7 @@ from harness import config
 from harness.clip import clip_by_global_norm
 from harness.losses import WeightedLoss
 from harness.optim import adam
-from harness.trainer import Trainer, TrainSettings
+from harness.training import Trainer, TrainSettings
 
 UPRIGHT_TERMS = {
     "pose": {"source": "joint_q", "dim_weights": [0.1, 1.0, 1.0]},
@@ -24,6 +24,26 @@ UPRIGHT_TERMS = {
 
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _devices() -> list:
+    import pytest
+    import warp as wp
+
+    found = [d.alias for d in wp.get_devices()]
+    return ["cpu", pytest.param("cuda:0", marks=pytest.mark.skipif("cuda:0" not in found, reason="no CUDA device"))]
+
+
+DEVICES = _devices()
+"""The devices a device-parametrized test runs on: the CPU always, ``cuda:0`` when Warp sees one."""
+
+
+def exact_on(device: str) -> bool:
+    """Whether runs on ``device`` are bit-reproducible: the CPU always; CUDA only with
+    ``HARNESS_DETERMINISTIC`` set (float atomics otherwise sum in any order)."""
+    import warp as wp
+
+    return device == "cpu" or wp.config.deterministic != wp.DeterministicMode.NOT_GUARANTEED
 
 
 def make_trainer(
@@ -38,23 +58,35 @@ def make_trainer(
     optimizer=None,
     clip=None,
     schedule=None,
+    capture: bool | str = "auto",
+    device: str = "cpu",
     **env_kw,
 ) -> Trainer:
     """A trainer on the real cartpole; Adam(lr), norm clip at max_norm and the upright loss by default."""
-    env = CartpoleEnv(horizon=horizon, world_count=world_count, device="cpu", **env_kw)
+    env = CartpoleEnv(horizon=horizon, world_count=world_count, device=device, **env_kw)
     return Trainer(
         env=env,
         loss=WeightedLoss(loss_terms or UPRIGHT_TERMS),
         optimizer=optimizer or adam(lr),
         clip=clip or clip_by_global_norm(max_norm),
-        settings=TrainSettings(iterations=iterations, log_every=log_every, seed=0, device="cpu"),
+        settings=TrainSettings(iterations=iterations, log_every=log_every, seed=0, device=device, capture=capture),
         schedule=schedule,
     )
 
 
+class EagerOnlyCartpole(CartpoleEnv):
+    """The cartpole declaring itself not capturable (what an env that cannot keep the
+    capture contract does), for the capture=auto/true tests."""
+
+    name = "cartpole_eager"
+    capturable = False
+    capture_note = "a test env that declares itself eager-only"
+
+
 def harness_env(extra: dict | None = None) -> dict:
-    """The environment of a ``python -m harness`` subprocess: this checkout on the path."""
-    return {**os.environ, "PYTHONPATH": str(ROOT), **(extra or {})}
+    """The environment of a ``python -m harness`` subprocess: this checkout first on the path."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **(extra or {})}
 
 
 def run_harness(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

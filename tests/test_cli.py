@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import yaml
 
+from tests.helpers import harness_env
 from tests.helpers import run_harness as harness
 
 
@@ -70,3 +73,20 @@ def test_gradcheck_command_exits_nonzero_when_gradients_are_wrong(tmp_path):
     )
     assert bad.returncode == 1
     assert "FAILED" in bad.stdout
+
+
+def test_a_training_run_never_imports_torch(tmp_path):
+    """torch is installed here (test extras), so this would catch any import path to it
+    (tensorboardX's writer imported it: 1 s and 194 MiB per run)."""
+    script = (
+        "import sys\n"
+        "from harness.cli import main\n"
+        f"main(['train', '+env=cartpole', 'env.horizon=4', 'env.world_count=1', 'iterations=2',"
+        f" 'hydra.run.dir={tmp_path / 'run'}'])\n"
+        "print('torch imported:', 'torch' in sys.modules)\n"
+    )
+    command = [sys.executable, "-c", script]
+    proc = subprocess.run(command, cwd=tmp_path, env=harness_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "torch imported: False"
+    assert (tmp_path / "run" / "summary.json").exists()

@@ -459,6 +459,6 @@ def test_adjoint_settings_travel_with_the_policy():
 def test_trainer_timing_breakdown_has_a_separate_entry_for_statistics_and_clipping():
     """The share itself is a benchmark (scripts/bench_iteration.py), not a timed test."""
     trainer = make_trainer(horizon=20, world_count=1)
-    trainer.step(0, log_step=False)
-    assert set(trainer.timing) >= {"forward", "backward", "grad_stats_clip", "optim"}
-    assert all(trainer.timing[k] > 0 for k in ("forward", "backward", "grad_stats_clip", "optim"))
+    trainer.step.run()
+    assert set(trainer.step.timing) >= {"forward", "backward", "grad_stats_clip", "optim"}
+    assert all(trainer.step.timing[k] > 0 for k in ("forward", "backward", "grad_stats_clip", "optim"))

@@ -13,19 +13,21 @@ import pytest
 from envs.cartpole import CartpoleEnv
 from harness.gradcheck import check_gradients
 from harness.losses import WeightedLoss
-from tests.helpers import UPRIGHT_TERMS
+from tests.helpers import DEVICES, UPRIGHT_TERMS
 
 HORIZON = 120
 
 
-def run_gradcheck(per_step_scratch: bool):
-    env = CartpoleEnv(horizon=HORIZON, world_count=2, per_step_scratch=per_step_scratch, device="cpu")
-    result, _ = check_gradients(env, WeightedLoss(UPRIGHT_TERMS), samples=12, eps=1.0, tolerance=1e-2, seed=0)
+def run_gradcheck(per_step_scratch: bool, device: str = "cpu"):
+    env = CartpoleEnv(horizon=HORIZON, world_count=2, per_step_scratch=per_step_scratch, device=device)
+    loss = WeightedLoss(UPRIGHT_TERMS)
+    result, _ = check_gradients(env, loss, samples=12, eps=1.0, tolerance=1e-2, seed=0, device=device)
     return result
 
 
-def test_gradcheck_passes_at_120_steps_with_per_step_featherstone_scratch():
-    result = run_gradcheck(per_step_scratch=True)
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_passes_at_120_steps_with_per_step_featherstone_scratch(device):
+    result = run_gradcheck(per_step_scratch=True, device=device)
     assert result.passed, f"worst relative error {result.worst:.3e}"
     assert (abs(result.tape) > 0).all()
 

@@ -18,7 +18,7 @@ from harness.clip import clip_by_global_norm
 from harness.losses import WeightedLoss
 from harness.optim import OPTIMIZERS, Optimizer, adam, build, load_state, save_state
 from harness.params import ParamSet, ParamSpec
-from harness.trainer import Trainer, TrainSettings
+from harness.training import Trainer, TrainSettings
 from tests.helpers import UPRIGHT_TERMS
 
 # Every rule with its optional paths switched on (momentum, decay, AMSGrad, warmup, ...).
@@ -324,9 +324,9 @@ def test_each_optimizer_trains_the_cartpole_with_its_default_settings(name):
         clip=clip_by_global_norm(1.0),
         settings=TrainSettings(iterations=8, log_every=8, seed=0, device="cpu"),
     )
-    initial, _ = trainer.evaluate()
-    for it in range(8):
-        trainer.step(it, log_step=False)
-    wp.copy(trainer.params.data, opt.eval_params(trainer.params, trainer.opt_state))
-    final, _ = trainer.evaluate()
+    initial, _ = trainer.step.evaluate()
+    for _it in range(8):
+        trainer.step.run()
+    wp.copy(trainer.params.data, opt.eval_params(trainer.params, trainer.state.optim))
+    final, _ = trainer.step.evaluate()
     assert final < 0.95 * initial, f"{name}: loss {initial:.5g} -> {final:.5g}"

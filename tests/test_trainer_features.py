@@ -13,7 +13,7 @@ from harness import checkpoint
 from harness.clip import clip_by_global_norm, no_clip
 from harness.optim import adamw_schedulefree, sgd
 from harness.schedules import constant, linear_warmup
-from harness.trainer import Trainer
+from harness.training import Trainer
 from tests.helpers import make_trainer
 
 trainer = functools.partial(make_trainer, world_count=1, iterations=6, log_every=3)
@@ -47,23 +47,23 @@ def test_adjoint_profile_is_logged_as_histogram_image_and_scalars_at_log_steps(t
     assert [e.step for e in acc.Scalars("adjoint/norm_max")] == [2, 5]
     # The threshold is far below this rollout's adjoint norms, so the clip acts at most steps.
     assert values(acc, "adjoint/clipped_fraction")[-1] > 0.5
-    assert t.timing["adjoint_clip"] > 0
+    assert t.step.timing["adjoint_clip"] > 0
 
 
 def test_infinite_adjoint_threshold_gives_the_unclipped_gradient_bit_for_bit():
     plain = trainer(horizon=120, loss_terms=FINAL)
-    plain.forward_backward()
+    plain.step.forward_backward()
     measured = trainer(horizon=120, loss_terms=FINAL, clip=clip_by_global_norm(1.0, adjoint={"max_norm": float("inf")}))
-    measured.forward_backward()
+    measured.step.forward_backward()
     np.testing.assert_array_equal(plain.params.grad.numpy(), measured.params.grad.numpy())
-    assert measured.adjoint.profile().max() > 0  # it did measure
+    assert measured.step.adjoint.profile().max() > 0  # it did measure
 
 
 def test_adjoint_clip_bounds_the_gradient_the_loop_sees():
     plain = trainer(horizon=400, loss_terms=FINAL)
-    plain.forward_backward()
+    plain.step.forward_backward()
     clipped = trainer(horizon=400, loss_terms=FINAL, clip=clip_by_global_norm(1e6, adjoint={"max_norm": 0.1}))
-    clipped.forward_backward()
+    clipped.step.forward_backward()
     g_plain = np.linalg.norm(plain.params.grad.numpy())
     g_clipped = np.linalg.norm(clipped.params.grad.numpy())
     assert np.isfinite(g_clipped) and g_clipped < 0.5 * g_plain
@@ -103,7 +103,7 @@ def loss_at(t: Trainer, flat: np.ndarray) -> float:
 def test_schedulefree_is_evaluated_and_saved_at_the_average_x(tmp_path):
     t = trainer(iterations=5, log_every=5, optimizer=adamw_schedulefree(1.0, warmup_steps=2), clip=no_clip())
     summary = t.fit(tmp_path)
-    x = t.eval_params().numpy().copy()
+    x = t.step.eval_params().numpy().copy()
     y = t.params.data.numpy().copy()
     assert not np.array_equal(x, y)
     at_x, at_y = loss_at(t, x), loss_at(t, y)
@@ -126,16 +126,16 @@ def test_an_iteration_with_a_nan_gradient_leaves_parameters_optimizer_and_schedu
         clip=no_clip(nonfinite="skip"),
         schedule=linear_warmup(10, start_factor=0.1),
     )
-    t.step(0, log_step=False)
-    states = (t.opt_state, t.sched_state)
+    t.step.run()
+    states = (t.state.optim, t.state.schedule)
     before = [t.params.data.numpy().copy(), *({k: v.numpy().copy() for k, v in s.items()} for s in states)]
-    for it in (1, 2):
-        t.step(it, log_step=False)
-        assert int(t.stats_pre.nonfinite.numpy()[0]) > 0
-    assert int(t.clip_state["skipped"].numpy()[0]) == 2
+    for _it in (1, 2):
+        t.step.run()
+        assert int(t.step.stats_pre.nonfinite.numpy()[0]) > 0
+    assert int(t.state.clip["skipped"].numpy()[0]) == 2
     np.testing.assert_array_equal(t.params.data.numpy(), before[0])
     for state, saved in zip(states, before[1:], strict=True):
         for key, value in state.items():
             np.testing.assert_array_equal(value.numpy(), saved[key], err_msg=key)
-    row = dict(zip(t.columns, t.history.numpy()[2], strict=True))
+    row = dict(zip(t.step.columns, t.step.history.numpy()[2], strict=True))
     assert row["grad/skipped"] == 1.0 and row["grad/nonfinite"] > 0

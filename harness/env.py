@@ -1,16 +1,42 @@
-"""The environment interface the trainer talks to, and nothing else.
+"""The environment interface the trainer talks to, and the capture contract it must keep.
 
 An environment owns a simulation: it declares its trainable parameters
 (:class:`~harness.params.ParamSpec`), records a differentiable rollout given the
 parameter views, and zeroes every gradient buffer it owns. It never sees an optimizer,
-a clip policy or a logger.
+a clip policy or a logger. Concrete envs live outside this package (``envs/`` in this
+repository, or a user's own module); ``harness`` never imports them.
+
+The capture contract
+--------------------
+A training iteration is recorded once into a graph (``wp.ScopedCapture``, on the CPU as
+on CUDA) and replayed with ``wp.capture_launch`` for every later iteration. Replay
+re-runs the recorded launches with the arguments they had when recorded, so an env
+whose :attr:`Env.capturable` is True promises, for :meth:`Env.rollout` and
+:meth:`Env.zero_grad`:
+
+1. **Same arrays every call.** Every launch, copy and memset reads and writes arrays
+   allocated before the first rollout; the same call touches the same arrays each time.
+2. **No host reads.** Nothing calls ``.numpy()``, ``float(array)`` or branches in Python
+   on a device value; a capture records no branch, and a read during capture returns a
+   stale value without an error.
+3. **No allocation per call.** Nothing allocates a Warp array (a freshly allocated
+   ``Contacts``, a temporary ``wp.zeros``) inside either method. Lazy allocation on the
+   first call is fine: the trainer always runs one eager iteration before capturing.
+4. **Nothing that varies as a Python value.** A Python number handed to a kernel is
+   frozen into the graph; anything that changes between iterations lives in a device
+   array. (Loop indices such as the step ``t`` are fine: they are the same at every replay.)
+
+An env that cannot keep the contract sets ``capturable = False`` (and says why in
+``capture_note``); ``capture=auto`` then runs eagerly after printing that reason, and
+``capture=true`` refuses to start. :func:`harness.training.step.check_capture` compares
+an eager and a replayed rollout bit for bit, the test every env in this repository passes.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import warp as wp
@@ -37,12 +63,18 @@ class Env(abc.ABC):
         world_count: Number of independent worlds simulated at once.
         horizon: Number of simulation steps in one rollout.
         dt: Simulation time step [s].
+        capturable: Whether :meth:`rollout` and :meth:`zero_grad` keep the capture
+            contract (module docstring); True unless an env says otherwise.
+        capture_note: Why an env is not capturable (shown when ``capture=auto`` falls
+            back to eager, and in the refusal of ``capture=true``).
     """
 
     name: str
     world_count: int
     horizon: int
     dt: float
+    capturable: ClassVar[bool] = True
+    capture_note: ClassVar[str] = ""
 
     @classmethod  # noqa: B027  (an optional hook: no checks by default)
     def check_config(cls, **fields: Any) -> None:
@@ -95,18 +127,15 @@ class Env(abc.ABC):
         return {}
 
 
-def zero_array_grads(obj: object) -> int:
-    """Zero ``.grad`` of every Warp array attribute of ``obj`` that has one.
-
-    Returns:
-        The number of gradient buffers zeroed.
-    """
-    count = 0
-    for value in vars(obj).values():
-        if isinstance(value, wp.array) and value.grad is not None:
-            value.grad.zero_()
-            count += 1
-    return count
+def array_grads(*owners: object) -> list[wp.array]:
+    """The gradient buffers of every Warp array attribute of ``owners`` (States, a Model, a
+    solver) that has one: what an env's :meth:`Env.zero_grad` zeroes."""
+    found = []
+    for owner in owners:
+        for value in vars(owner).values():
+            if isinstance(value, wp.array) and value.grad is not None:
+                found.append(value.grad)
+    return found
 
 
 def require_int(field: str, value: Any, minimum: int) -> None:

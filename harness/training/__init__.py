@@ -1,0 +1,151 @@
+"""Training: the state, the captured iteration, and the loop with its callbacks.
+
+- :mod:`harness.training.state`: :class:`TrainState`, what persists between iterations.
+- :mod:`harness.training.step`: :class:`TrainStep`, one iteration's launches, eager or
+  replayed from one captured graph, and the device history of per-iteration scalars.
+- :mod:`harness.training.loop`: :class:`Loop`, iterations, read-backs, tallies, summary.
+- :mod:`harness.training.callbacks`: checkpoints and resume, signals, TensorBoard,
+  HParams, the progress line.
+
+:class:`Trainer` puts them together for one run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import warp as wp
+
+from harness.clip import ClipPolicy
+from harness.env import Env
+from harness.losses import WeightedLoss
+from harness.optim import Optimizer
+from harness.params import ParamSet
+from harness.schedules import Schedule, constant
+from harness.training.callbacks import Checkpointer, HParamsRecord, ProgressLine, SignalStop, TensorBoardLog
+from harness.training.loop import Callback, Loop, Tally, TrainingInterrupted, TrainSettings, write_json
+from harness.training.state import TrainState
+from harness.training.step import FIXED_COLUMNS, CaptureError, TrainStep, capture_blocker
+
+__all__ = [
+    "FIXED_COLUMNS",
+    "Callback",
+    "CaptureError",
+    "Loop",
+    "Tally",
+    "TrainSettings",
+    "TrainState",
+    "TrainStep",
+    "Trainer",
+    "TrainingInterrupted",
+    "write_json",
+]
+
+
+class Trainer:
+    """One training run: builds the state and the step, decides on capture, runs the loop.
+
+    Args:
+        env: The simulation.
+        loss: The weighted loss over the env's observables.
+        optimizer: Optimizer (:mod:`harness.optim`).
+        clip: Clip policy with its non-finite and adjoint settings (:mod:`harness.clip`).
+        settings: Loop settings.
+        schedule: Learning-rate schedule (:mod:`harness.schedules`); constant if None.
+
+    Attributes:
+        state: The :class:`TrainState`.
+        step: The :class:`TrainStep`.
+        capture: Whether iterations after the first run as one captured graph.
+        capture_reason: Why capture is off under ``capture=auto`` (None when it is on or
+            was turned off by ``capture=false``).
+
+    Raises:
+        CaptureError: ``settings.capture`` is True and something cannot be captured.
+    """
+
+    def __init__(
+        self,
+        env: Env,
+        loss: WeightedLoss,
+        optimizer: Optimizer,
+        clip: ClipPolicy,
+        settings: TrainSettings,
+        schedule: Schedule | None = None,
+    ):
+        self.env, self.loss, self.optimizer, self.clip, self.settings = env, loss, optimizer, clip, settings
+        self.schedule = schedule or constant()
+        self.device = wp.get_device(settings.device)
+        params = ParamSet(env.parameter_specs(), device=self.device)
+        loss.bind(env.observables(), device=self.device)
+        opt_state = optimizer.init(params)
+        self.state = TrainState(params, opt_state, self.schedule.init(opt_state), clip.init(params))
+        self.step = TrainStep(
+            env=env, loss=loss, optimizer=optimizer, clip=clip, schedule=self.schedule, state=self.state,
+            rows=settings.log_every,
+        )  # fmt: skip
+        blocker = capture_blocker(
+            env, self.device, {"loss": loss, "optimizer": optimizer, "clip": clip, "schedule": self.schedule}
+        )
+        self.capture_reason = None
+        if settings.capture is False:
+            self.capture = False
+        elif blocker is None:
+            self.capture = True
+        elif settings.capture is True:
+            raise CaptureError(f"capture: cannot capture this run: {blocker}; accepted: capture=auto or false")
+        else:
+            self.capture = False
+            self.capture_reason = blocker
+
+    @property
+    def params(self) -> ParamSet:
+        return self.state.params
+
+    def fit(
+        self,
+        run_dir: str | Path,
+        *,
+        hparams: dict[str, bool | int | float | str] | None = None,
+        meta: dict[str, Any] | None = None,
+        callbacks: list[Callback] | None = None,
+    ) -> dict[str, Any]:
+        """Train for ``settings.iterations``; write TensorBoard events, checkpoints and summary.json.
+
+        Args:
+            run_dir: Output folder of the run.
+            hparams: Hyperparameters to record with the final metrics for TensorBoard's
+                HParams dashboard (one row per run of a sweep).
+            meta: Extra JSON-serialisable facts stored in every checkpoint (e.g. the
+                resolved config).
+            callbacks: Further callbacks, called after the built-in ones.
+
+        Returns:
+            The summary (also written to ``run_dir/summary.json``).
+
+        Raises:
+            TrainingInterrupted: SIGINT/SIGTERM arrived; a checkpoint and summary.json
+                (``status: interrupted``) were written first.
+            harness.clip.NonFiniteGradientError: the ``error`` non-finite policy fired.
+        """
+        settings = self.settings
+        if self.capture_reason is not None:
+            print(f"capture: off, every iteration runs eagerly: {self.capture_reason}", flush=True)
+        tensorboard = TensorBoardLog()
+        built: list[Callback] = [
+            Checkpointer(
+                every=settings.checkpoint_every,
+                keep=settings.checkpoint_keep,
+                resume=settings.resume,
+                seed=settings.seed,
+                meta=meta,
+            ),
+            SignalStop(),
+            tensorboard,
+            ProgressLine(),
+        ]
+        if hparams is not None:
+            built.append(HParamsRecord(tensorboard, hparams))
+        loop = Loop(self.step, settings, [*built, *(callbacks or [])], capture=self.capture)
+        return loop.fit(run_dir)

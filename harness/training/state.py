@@ -1,0 +1,72 @@
+"""The training state: everything an optimisation carries from one iteration to the next.
+
+This module owns :class:`TrainState`, a nested structure of device arrays: the flat
+parameter buffer and the optimizer's, the schedule's and the clip policy's state dicts.
+Nothing else persists between iterations (gradients, statistics and the history buffer
+are recomputed or read back every iteration), so a checkpoint is exactly this structure,
+saved and loaded generically as ``<group>/<key>`` arrays, and a resumed run continues bit
+for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+import warp as wp
+
+from harness.params import ParamSet
+
+__all__ = ["TrainState"]
+
+State = dict[str, wp.array]
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Parameters plus the optimizer, schedule and clip-policy state, all on the device.
+
+    Attributes:
+        params: The flat parameter buffer with its named views.
+        optim: Optimizer state (``step``, ``lr``, moments, ...).
+        schedule: Schedule state (base rate, clip-aware window, ...).
+        clip: Clip-policy state (coefficient, skip flag, AutoClip/ZClip history, ...).
+    """
+
+    params: ParamSet
+    optim: State
+    schedule: State
+    clip: State
+
+    def groups(self) -> dict[str, State]:
+        """The nested structure, by group: ``params`` (``data``), ``optim``, ``schedule``, ``clip``."""
+        return {"params": {"data": self.params.data}, "optim": self.optim, "schedule": self.schedule, "clip": self.clip}
+
+    def arrays(self) -> dict[str, wp.array]:
+        """Every leaf, flattened to ``<group>/<key>``."""
+        return {f"{group}/{key}": array for group, leaves in self.groups().items() for key, array in leaves.items()}
+
+    def to_numpy(self) -> dict[str, np.ndarray]:
+        """Host copies of every leaf, for a checkpoint (a host round trip: checkpoint time only)."""
+        return {key: array.numpy().copy() for key, array in self.arrays().items()}
+
+    def load(self, saved: Mapping[str, np.ndarray]) -> None:
+        """Overwrite every leaf with saved arrays, bit for bit.
+
+        Raises:
+            ValueError: One line naming the first missing, unexpected or mismatched array.
+        """
+        mine = self.arrays()
+        missing, extra = sorted(set(mine) - set(saved)), sorted(set(saved) - set(mine))
+        if missing or extra:
+            raise ValueError(f"the saved state does not match: missing {missing}, unexpected {extra}")
+        for key, target in mine.items():
+            source = np.asarray(saved[key])
+            want = np.dtype(wp.dtype_to_numpy(target.dtype))
+            if source.shape != target.shape or source.dtype != want:
+                raise ValueError(
+                    f"saved '{key}' is {source.dtype} {source.shape}, expected {want} {tuple(target.shape)}"
+                )
+        for key, target in mine.items():
+            target.assign(np.asarray(saved[key]))
