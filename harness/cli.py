@@ -14,6 +14,7 @@ config into typed objects and call plain functions.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -58,6 +59,8 @@ def train_command(cfg: DictConfig) -> float:
     Returns:
         The final loss: the objective a Hydra sweeper (e.g. Optuna) minimises.
     """
+    import warp as wp
+
     from harness import checkpoint
     from harness.clip import NonFiniteGradientError
     from harness.training import CaptureError, TrainingInterrupted, write_json
@@ -103,6 +106,17 @@ def train_command(cfg: DictConfig) -> float:
         saved = checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))
         last = f"; last good checkpoint: {saved[-1]}" if saved else "; no checkpoint was written before it"
         print(f"error: {exc}{last}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except wp.WarpDeterminismError as exc:  # HARNESS_DETERMINISTIC asked for what a kernel cannot give
+        write_json(run_dir / "summary.json", {"status": "failed", "error": str(exc)})
+        mode = os.environ.get("HARNESS_DETERMINISTIC", "")
+        reason = str(exc).splitlines()[0].split(". ")[0]  # Warp's first sentence names the kernel
+        print(
+            f"error: HARNESS_DETERMINISTIC={mode}: {reason}; unset HARNESS_DETERMINISTIC to train with "
+            "float atomics in any order (results then differ in the last bits between CUDA runs)",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(1)
     except Exception as exc:
         write_json(run_dir / "summary.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})

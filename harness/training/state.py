@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 import warp as wp
 
+from harness.optim import load_state, save_state
 from harness.params import ParamSet
 
 __all__ = ["TrainState"]
@@ -49,24 +50,12 @@ class TrainState:
 
     def to_numpy(self) -> dict[str, np.ndarray]:
         """Host copies of every leaf, for a checkpoint (a host round trip: checkpoint time only)."""
-        return {key: array.numpy().copy() for key, array in self.arrays().items()}
+        return save_state(self.arrays())
 
     def load(self, saved: Mapping[str, np.ndarray]) -> None:
         """Overwrite every leaf with saved arrays, bit for bit.
 
         Raises:
-            ValueError: One line naming the first missing, unexpected or mismatched array.
+            ValueError: One line naming the missing, unexpected or mismatched arrays.
         """
-        mine = self.arrays()
-        missing, extra = sorted(set(mine) - set(saved)), sorted(set(saved) - set(mine))
-        if missing or extra:
-            raise ValueError(f"the saved state does not match: missing {missing}, unexpected {extra}")
-        for key, target in mine.items():
-            source = np.asarray(saved[key])
-            want = np.dtype(wp.dtype_to_numpy(target.dtype))
-            if source.shape != target.shape or source.dtype != want:
-                raise ValueError(
-                    f"saved '{key}' is {source.dtype} {source.shape}, expected {want} {tuple(target.shape)}"
-                )
-        for key, target in mine.items():
-            target.assign(np.asarray(saved[key]))
+        load_state(self.arrays(), saved)
