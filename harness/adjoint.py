@@ -134,7 +134,7 @@ class AdjointClipper:
         tape = wp.Tape()
         hook = clipper.step_hook(tape)          # zeroes the profile (one launch)
         with tape:
-            trajectory = env.rollout(params, after_step=hook)
+            trajectory = rollout(env, task, params, after_step=hook)
             loss = loss_fn(trajectory)
         tape.backward(loss)                     # clips; clipper.profile() holds the norms
 

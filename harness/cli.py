@@ -217,5 +217,10 @@ def main(argv: list[str] | None = None) -> None:
             # sweep are named like "clip.max_norm=1,seed=2".
             quoted = str(resume_folder).replace("\\", "\\\\").replace("'", "\\'")
             rest = [*rest, f"hydra.run.dir='{quoted}'"]
+    if command in CONFIG_NAMES:
+        try:
+            rest = config.search_path_overrides(rest)
+        except config.ConfigError as exc:
+            _fail(exc)
     sys.argv = [f"harness {command}", *rest, *sweep_dirname_overrides(rest)]
     COMMANDS[command]()

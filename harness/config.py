@@ -20,11 +20,14 @@ import hydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-"""The repository's ``configs/`` folder (the project is installed in editable mode)."""
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+"""The config groups shipped inside the package (``harness/configs/``)."""
 
+CONFIG_PATH_VARIABLE = "HARNESS_CONFIG_PATH"
+"""Environment variable naming further config folders (``os.pathsep``-separated), searched
+after the package's own: a user's ``env/my_robot.yaml`` there is ``+env=my_robot``."""
 
-GROUPS = ("env", "loss", "optim", "clip", "schedule")
+GROUPS = ("env", "task", "loss", "optim", "clip", "schedule")
 """Config groups that select a typed object."""
 
 
@@ -32,9 +35,39 @@ class ConfigError(ValueError):
     """A bad configuration value; the message names the field and what is accepted."""
 
 
-def available(group: str) -> list[str]:
-    """Option names of a config group (``env``, ``loss``, ``optim``, ``clip``)."""
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+def search_path_overrides(overrides: list[str]) -> list[str]:
+    """``overrides`` plus the folders of :data:`CONFIG_PATH_VARIABLE` as ``hydra.searchpath``
+    (unless the command line sets ``hydra.searchpath`` itself)."""
+    folders = [f for f in os.environ.get(CONFIG_PATH_VARIABLE, "").split(os.pathsep) if f]
+    if not folders or any(o.lstrip("+~").startswith("hydra.searchpath=") for o in overrides):
+        return list(overrides)
+    for folder in folders:
+        if not Path(folder).is_dir():
+            raise ConfigError(f"{CONFIG_PATH_VARIABLE}: '{folder}' is not a folder")
+    paths = ",".join(f"'file://{Path(f).resolve()}'" for f in folders)
+    return [*overrides, f"hydra.searchpath=[{paths}]"]
+
+
+def available(group: str, overrides: list[str] | None = None) -> list[str]:
+    """Option names of a config group, from Hydra's config repository: the package's own
+    and those in folders on the search path (``hydra.searchpath`` among ``overrides``, or
+    :data:`CONFIG_PATH_VARIABLE`)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    search = [o for o in search_path_overrides(list(overrides or [])) if o.startswith("hydra.searchpath=")]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        return sorted(set(loader.get_group_options(group, config_name="train", overrides=search)))
+
+
+def groups() -> list[str]:
+    """The config groups a command line may choose from (``hydra`` excluded)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return sorted(g for g in GlobalHydra.instance().config_loader().list_groups("") if g != "hydra")
 
 
 def require_env(cfg: DictConfig) -> None:
@@ -55,13 +88,20 @@ class Run:
     clip: Any
     schedule: Any
     settings: Any
+    task: Any = None
 
     def trainer(self, settings: Any = None) -> Any:
         """The :class:`~harness.training.Trainer` of this run (optionally with other loop settings)."""
         from harness.training import Trainer
 
         return Trainer(
-            self.env, self.loss, self.optimizer, self.clip, settings or self.settings, schedule=self.schedule
+            self.env,
+            self.loss,
+            self.optimizer,
+            self.clip,
+            settings or self.settings,
+            schedule=self.schedule,
+            task=self.task,
         )
 
 
@@ -120,29 +160,30 @@ def _instantiate(cfg: DictConfig, group: str, **kwargs: Any) -> Any:
         raise ConfigError(f"{group}: could not be built ({str(cause or exc).splitlines()[0]})") from None
 
 
-def check_env_fields(cfg: DictConfig) -> tuple[Any, dict[str, Any]]:
-    """Run the env class's own field checks without building the simulation.
+def check_env_fields(cfg: DictConfig) -> tuple[Any, Any]:
+    """Check the env section against its class's schema without building the simulation.
 
     Returns:
-        The env class and its constructor fields.
+        The env class and its checked config (an instance of the class's ``Config``).
     """
+    from harness.env import Env
+    from harness.schema import SchemaError, build
+
     fields = OmegaConf.to_container(cfg.env, resolve=True)
     target = fields.pop("_target_", None)
-    from harness.env import Env
-
     try:
         env_class = hydra.utils.get_class(target)
-    except Exception:
-        raise ConfigError(f"env._target_: cannot import '{target}'") from None
+    except Exception as exc:
+        cause = exc.__cause__ or exc
+        raise ConfigError(
+            f"env._target_: cannot import '{target}' ({type(cause).__name__}: {_first_line(cause)})"
+        ) from None
     if not (isinstance(env_class, type) and issubclass(env_class, Env)):
-        raise ConfigError(f"env._target_: '{target}' is not an harness.env.Env subclass")
+        raise ConfigError(f"env._target_: '{target}' is not a harness.env.Env subclass")
     try:
-        env_class.check_config(**fields)
-    except TypeError as exc:  # unknown field
-        raise ConfigError(f"env: {exc}") from None
-    except ValueError as exc:
+        return env_class, build(env_class.Config, fields, prefix="env")
+    except SchemaError as exc:
         raise ConfigError(str(exc)) from None
-    return env_class, fields
 
 
 def _check_capture(value: Any) -> bool | str:
@@ -186,13 +227,13 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
         raise ConfigError(
             f"capture: env '{env_class.name}' cannot be captured ({note}); accepted: capture=auto or false"
         )
-    loss = _instantiate(cfg, "loss")
-    observables = env_class.observable_dims(**env_fields)
-    if observables is not None:
-        try:
-            loss.check(observables)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+    task = _instantiate(cfg, "task")
+    try:
+        task.check(env_fields)
+        loss = _instantiate(cfg, "loss")
+        loss.check(env_fields.observable_dims())
+    except ValueError as exc:
+        raise ConfigError(_first_line(exc)) from None
     return Run(
         env=None,
         loss=loss,
@@ -200,13 +241,40 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
         clip=_instantiate(cfg, "clip"),
         schedule=_instantiate(cfg, "schedule") if cfg.get("schedule") is not None else None,
         settings=settings,
+        task=task,
     )
+
+
+_BUILT: dict[tuple[str, str | None], Any] = {}
+"""Envs built by :func:`build_env`, by (resolved env config, device): the command line's
+early check builds the env once, before anything is written, and the run uses it."""
+
+
+def build_env(cfg: DictConfig, device: str | None) -> Any:
+    """Build the env of ``cfg`` (this compiles its kernels), or return the one already built
+    for the same env config and device in this process.
+
+    Raises:
+        ConfigError: One line when the env's own code raises while building.
+    """
+    key = (OmegaConf.to_yaml(cfg.env, resolve=True), device)
+    if key not in _BUILT:
+        env_class, env_config = check_env_fields(cfg)
+        try:
+            _BUILT.clear()  # one env at a time: a sweep's jobs do not keep each other's envs alive
+            _BUILT[key] = env_class(env_config, device=device)
+        except Exception as exc:
+            raise ConfigError(
+                f"env: building {env_class.__module__}.{env_class.__qualname__} failed: "
+                f"{type(exc).__name__}: {_first_line(exc)}"
+            ) from None
+    return _BUILT[key]
 
 
 def build_run(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
     """Validate the whole config, then build the env (this compiles its kernels)."""
     run = validate(cfg, choices)
-    run.env = _instantiate(cfg, "env", device=run.settings.device)
+    run.env = build_env(cfg, run.settings.device)
     return run
 
 
@@ -215,8 +283,8 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _check_choice(group: str, value: Any) -> None:
-    options = available(group)
+def _check_choice(group: str, value: Any, overrides: list[str]) -> None:
+    options = available(group, overrides)
     values = value if isinstance(value, list) else [value]
     for v in values:
         if v is not None and str(v) not in options:
@@ -242,7 +310,9 @@ def compose_config(config_name: str, overrides: list[str]) -> tuple[DictConfig, 
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+        cfg = compose(
+            config_name=config_name, overrides=search_path_overrides(list(overrides)), return_hydra_config=True
+        )
     choices = dict(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]
@@ -250,11 +320,13 @@ def compose_config(config_name: str, overrides: list[str]) -> tuple[DictConfig, 
 
 
 def precheck(config_name: str, args: list[str]) -> Path | None:
-    """Validate a command line before Hydra creates any folder or a kernel is compiled.
+    """Validate a command line before Hydra creates any folder.
 
     Checks the override syntax, every config-group choice, composes the config (with
     only the values shared by all jobs in a multirun), validates it, checks that the
-    output folder can be written and that a checkpoint to resume from fits this run.
+    output folder can be written and that a checkpoint to resume from fits this run, all
+    before any kernel compiles. Then, for a single run, builds the env (kept for the run:
+    :func:`build_env`), so a user's env that raises while building writes nothing either.
     Raises :class:`ConfigError` with one line.
 
     Returns:
@@ -268,11 +340,11 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as exc:
         raise ConfigError(f"overrides: {_first_line(exc)}") from None
-    groups = {p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name != "hydra"}
+    known = groups()
     for o in parsed:
-        if o.key_or_group in groups and not o.is_delete():
+        if o.key_or_group in known and not o.is_delete():
             values = list(o.sweep_string_iterator()) if o.is_sweep_override() else o.value()
-            _check_choice(o.key_or_group, values)
+            _check_choice(o.key_or_group, values, overrides)
     shared = [text for text, o in zip(overrides, parsed, strict=True) if not (multirun and o.is_sweep_override())]
     try:
         cfg, choices = compose_config(config_name, shared)
@@ -284,15 +356,15 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     default_root = "multirun" if multirun else "outputs"
     _check_writable(field, Path(str(given.get(field, default_root))))
     resume = cfg.get("resume")
-    if resume is None:
-        return None
     if multirun:
-        if resume != "auto":
+        if resume not in (None, "auto"):
             raise ConfigError(
                 "resume: a checkpoint path cannot be shared by the jobs of a multirun; accepted: null, auto"
             )
         return None
-    return _check_checkpoint(str(resume), given.get("hydra.run.dir"), cfg, choices)
+    folder = None if resume is None else _check_checkpoint(str(resume), given.get("hydra.run.dir"), cfg, choices)
+    build_env(cfg, check_device(cfg.get("device")))  # a failure while building writes nothing
+    return folder
 
 
 RESUME_MAY_CHANGE = ("iterations", "log_every", "checkpoint", "device", "capture", "resume")
@@ -341,13 +413,13 @@ def _check_checkpoint(resume: str, run_dir: Any, cfg: DictConfig, choices: Mappi
             raise ConfigError(
                 f"resume: '{path}' belongs to run folder '{run_folder}'; drop hydra.run.dir or set it to that folder"
             )
-    env_class, fields = check_env_fields(cfg)
+    env_class, env_config = check_env_fields(cfg)
     try:
         checkpoint.check_fits(
             saved,
             path,
             env=env_class.name,
-            shapes=env_class.parameter_shapes(**fields),
+            shapes=_instantiate(cfg, "task").parameter_shapes(env_config),
             iterations=cfg.iterations,
         )
     except checkpoint.CheckpointError as exc:

@@ -1,18 +1,31 @@
-"""The environment interface the trainer talks to, and the capture contract it must keep.
+"""The environment interface the harness talks to, and the capture contract it must keep.
 
-An environment owns a simulation: it declares its trainable parameters
-(:class:`~harness.params.ParamSpec`), records a differentiable rollout given the
-parameter views, and zeroes every gradient buffer it owns. It never sees an optimizer,
-a clip policy or a logger. Concrete envs live outside this package (``envs/`` in this
-repository, or a user's own module); ``harness`` never imports them.
+An environment owns a simulation and nothing else: it never sees an optimizer, a clip
+policy, a logger, or what is trained. It describes itself through its config schema
+(:class:`EnvConfig`, a dataclass from which the checks, the observables' widths, the
+action width and the physical quantities' shapes all follow, without building anything),
+and runs one step at a time:
+
+- :meth:`Env.reset` writes the initial state into state 0;
+- :meth:`Env.act` hands step ``t`` its action (when the env takes actions);
+- :meth:`Env.step` advances state ``t`` to state ``t + 1``;
+- :meth:`Env.record` writes the observables of state ``t + 1`` into row ``t``;
+- :meth:`Env.set_quantity` writes a named physical quantity (a mass, a rest length, an
+  initial velocity) from a parameter array into the simulation, differentiably.
+
+What is trained is the task's choice (:mod:`harness.tasks`): the actions of every step
+(open loop), a policy's weights, or named quantities. :func:`harness.tasks.rollout` drives
+the steps. Concrete envs live outside this package (``envs/`` in this repository, or a
+user's own module); ``harness`` never imports them.
 
 The capture contract
 --------------------
 A training iteration is recorded once into a graph (``wp.ScopedCapture``, on the CPU as
 on CUDA) and replayed with ``wp.capture_launch`` for every later iteration. Replay
 re-runs the recorded launches with the arguments they had when recorded, so an env
-whose :attr:`Env.capturable` is True promises, for :meth:`Env.rollout` and
-:meth:`Env.zero_grad`:
+whose :attr:`Env.capturable` is True promises, for every method a rollout calls
+(:meth:`~Env.reset`, :meth:`~Env.act`, :meth:`~Env.step`, :meth:`~Env.record`,
+:meth:`~Env.set_quantity`, :meth:`~Env.observe`) and :meth:`~Env.zero_grad`:
 
 1. **Same arrays every call.** Every launch, copy and memset reads and writes arrays
    allocated before the first rollout; the same call touches the same arrays each time.
@@ -20,7 +33,7 @@ whose :attr:`Env.capturable` is True promises, for :meth:`Env.rollout` and
    on a device value; a capture records no branch, and a read during capture returns a
    stale value without an error.
 3. **No allocation per call.** Nothing allocates a Warp array (a freshly allocated
-   ``Contacts``, a temporary ``wp.zeros``) inside either method. Lazy allocation on the
+   ``Contacts``, a temporary ``wp.zeros``) inside these methods. Lazy allocation on the
    first call is fine: the trainer always runs one eager iteration before capturing.
 4. **Nothing that varies as a Python value.** A Python number handed to a kernel is
    frozen into the graph; anything that changes between iterations lives in a device
@@ -35,16 +48,30 @@ an eager and a replayed rollout bit for bit, the test every env in this reposito
 from __future__ import annotations
 
 import abc
+import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 import warp as wp
 
-from harness.params import ParamSet, ParamSpec
+from harness import schema
+from harness.schema import field
+
+__all__ = [
+    "Env",
+    "EnvConfig",
+    "Quantity",
+    "StepHook",
+    "Trajectory",
+    "array_grads",
+    "host_rng",
+]
 
 Trajectory = dict[str, wp.array]
-"""Named observables of one rollout, each a float32 array of shape (steps, worlds, dim)."""
+"""Named observables of one rollout, each a float32 array of shape (rows, worlds, dim): one
+row per step, or a single row holding the last step (see :meth:`Env.request`)."""
 
 StepHook = Callable[[int, list[wp.array]], None]
 """Called by a rollout right after step ``t`` produced state ``t + 1``, before anything
@@ -55,72 +82,156 @@ recorded by the hook runs once the adjoint of state ``t + 1`` is complete (every
 use, the loss term included, has added to it) and before it flows into step ``t``."""
 
 
-class Env(abc.ABC):
-    """A differentiable simulation with trainable parameters.
+@dataclasses.dataclass(frozen=True)
+class Quantity:
+    """A named physical quantity an env can take from a parameter array.
 
     Attributes:
-        name: Registry name, as in ``configs/env/<name>.yaml``.
-        world_count: Number of independent worlds simulated at once.
-        horizon: Number of simulation steps in one rollout.
-        dt: Simulation time step [s].
-        capturable: Whether :meth:`rollout` and :meth:`zero_grad` keep the capture
-            contract (module docstring); True unless an env says otherwise.
-        capture_note: Why an env is not capturable (shown when ``capture=auto`` falls
-            back to eager, and in the refusal of ``capture=true``).
+        shape: Shape of the array, in elements of ``dtype``.
+        dtype: ``wp.float32`` or a float32 vector type (``wp.vec3``).
+        lower: Smallest physical value (a bound the optimizer step keeps), -inf if none.
+        upper: Largest physical value, inf if none.
+        unit: SI unit, for the docs and the summary (``kg``, ``m``, ``m/s``, ``Pa``).
+        doc: One line: what it is.
     """
 
-    name: str
-    world_count: int
-    horizon: int
-    dt: float
+    shape: tuple[int, ...]
+    dtype: type = wp.float32
+    lower: float = -math.inf
+    upper: float = math.inf
+    unit: str = ""
+    doc: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvConfig:
+    """The fields every env has; an env's ``Config`` extends it with its own.
+
+    The schema is checked by :func:`harness.schema.build` (types and ranges from the
+    field declarations); the methods below describe the env for these values without
+    building anything, so a command line is checked before any kernel compiles.
+    """
+
+    horizon: int = field(240, minimum=1, doc="simulation steps per rollout")
+    world_count: int = field(1, minimum=1, doc="independent worlds simulated at once")
+    seed: int = field(0, minimum=0, doc="seed of the initial conditions")
+
+    def observable_dims(self) -> dict[str, int]:
+        """Names of the observables a rollout records, with their per-world width."""
+        return {}
+
+    def action_dim(self) -> int:
+        """Width of one world's action at one step (0: the env takes no actions)."""
+        return 0
+
+    def quantities(self) -> dict[str, Quantity]:
+        """The physical quantities a task may train, by name."""
+        return {}
+
+    def default_quantities(self, kind: str) -> list[str]:
+        """The quantities ``task=physical`` or ``task=initial`` trains when it names none."""
+        return []
+
+
+class Env(abc.ABC):
+    """A differentiable simulation, stepped by the harness.
+
+    Args:
+        config: The env's ``Config``; or its fields as keyword arguments (what Hydra's
+            ``instantiate`` passes from ``configs/env/<name>.yaml``), checked against the
+            schema with one-line errors.
+        device: Warp device.
+
+    Attributes:
+        name: The env's identity: recorded in checkpoints, shown in logs.
+        Config: The schema dataclass.
+        config: This env's checked config.
+        horizon: Steps per rollout; world_count: worlds simulated at once.
+        dt: Simulation time step [s] (set by the env).
+        capturable: Whether the rollout keeps the capture contract (module docstring).
+        capture_note: Why an env is not capturable.
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type[EnvConfig]] = EnvConfig
     capturable: ClassVar[bool] = True
     capture_note: ClassVar[str] = ""
+    dt: float
 
-    @classmethod  # noqa: B027  (an optional hook: no checks by default)
-    def check_config(cls, **fields: Any) -> None:
-        """Validate constructor arguments without building anything (no kernels, no files).
+    def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
+        if config is None:
+            config = schema.build(self.Config, fields, prefix="env")
+        elif fields:
+            raise TypeError(f"{type(self).__name__}: pass a config or its fields, not both")
+        self.config = config
+        self.device = wp.get_device(device)
+        self.horizon = config.horizon
+        self.world_count = config.world_count
+        self._wanted: dict[str, str] = dict.fromkeys(self.observables, "all")
 
-        Raises:
-            ValueError: one line naming the field as ``env.<field>`` and what is accepted.
-            TypeError: for an unknown field.
-        """
+    # -- what the env offers, from its config -----------------------------------------
 
-    @classmethod
-    def observable_dims(cls, **fields: Any) -> dict[str, int] | None:
-        """The observables' per-world widths for these constructor arguments, without
-        building anything (lets the loss be checked up front); None when the env cannot tell."""
-        return None
-
-    @classmethod
-    def parameter_shapes(cls, **fields: Any) -> dict[str, tuple[int, ...]] | None:
-        """Shapes of the trainable parameters for these constructor arguments, without
-        building anything (lets a resume be checked before any kernel compiles); None
-        when the env cannot tell."""
-        return None
-
-    @abc.abstractmethod
-    def parameter_specs(self) -> list[ParamSpec]:
-        """The trainable parameters and their initial values."""
-
-    @abc.abstractmethod
+    @property
     def observables(self) -> dict[str, int]:
-        """Names of the observables a rollout returns, with their per-world width ``dim``."""
+        """Observable name -> per-world width."""
+        return self.config.observable_dims()
+
+    @property
+    def action_dim(self) -> int:
+        """Width of one world's action (0: no actions)."""
+        return self.config.action_dim()
+
+    @property
+    def quantities(self) -> dict[str, Quantity]:
+        """Physical quantities a task may train."""
+        return self.config.quantities()
+
+    def request(self, wanted: dict[str, str]) -> None:
+        """Say which observables the loss reads, and whether at ``all`` steps or the ``last``
+        only; an env may then record fewer (a ``last`` observable as one row). Call before
+        the first rollout."""
+        unknown = set(wanted) - set(self.observables)
+        if unknown:
+            raise KeyError(f"unknown observables {sorted(unknown)}; this env has {sorted(self.observables)}")
+        self._wanted = dict(wanted)
+
+    # -- one rollout, step by step --------------------------------------------------------
 
     @abc.abstractmethod
-    def rollout(self, params: ParamSet, *, after_step: StepHook | None = None) -> Trajectory:
-        """Simulate ``horizon`` steps from the initial state using the parameter views.
+    def reset(self) -> None:
+        """Write the initial state (after any quantity set for this rollout) into state 0."""
 
-        Every launch is recordable by a :class:`warp.Tape`; call it inside one for
-        gradients. The returned arrays are owned by the env and overwritten next call.
+    def act(self, t: int, actions: wp.array) -> None:
+        """Hand step ``t`` its action: row ``t`` of ``actions``, float32 ``(rows, world_count, action_dim)``."""
+        raise NotImplementedError(f"env '{self.name}' takes no actions")
 
-        Args:
-            params: The trainable parameters.
-            after_step: Optional :data:`StepHook`, called once per step.
-        """
+    @abc.abstractmethod
+    def step(self, t: int) -> None:
+        """Advance state ``t`` to state ``t + 1``."""
+
+    @abc.abstractmethod
+    def record(self, t: int) -> None:
+        """Write the requested observables of state ``t + 1`` (step ``t``'s result)."""
+
+    @abc.abstractmethod
+    def trajectory(self) -> Trajectory:
+        """The requested observables of the latest rollout (device arrays the env owns)."""
+
+    @abc.abstractmethod
+    def state_arrays(self, t: int) -> list[wp.array]:
+        """The differentiable arrays of state ``t`` as per-world views ``(world_count, k)``."""
+
+    def set_quantity(self, name: str, value: wp.array) -> None:
+        """Write a physical quantity from ``value`` (shape and dtype of :attr:`quantities`) into the simulation."""
+        raise KeyError(f"env '{self.name}' has no quantity '{name}'")
+
+    def quantity_value(self, name: str) -> np.ndarray:
+        """The quantity's value in the simulation as built (the start point of training)."""
+        raise KeyError(f"env '{self.name}' has no quantity '{name}'")
 
     @abc.abstractmethod
     def zero_grad(self) -> None:
-        """Zero the gradient of every array the env owns (states, controls, scratch)."""
+        """Zero the gradient of every array the env owns (states, controls, scratch, model)."""
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
         """Physical figures of a rollout worth reporting (host values); empty by default."""
@@ -136,27 +247,6 @@ def array_grads(*owners: object) -> list[wp.array]:
             if isinstance(value, wp.array) and value.grad is not None:
                 found.append(value.grad)
     return found
-
-
-def require_int(field: str, value: Any, minimum: int) -> None:
-    """Raise a one-line ValueError unless ``value`` is an integer >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"env.{field}: must be an integer >= {minimum}, got {value!r}")
-
-
-def require_number(field: str, value: Any, *, minimum: float, strict: bool = False) -> None:
-    """Raise a one-line ValueError unless ``value`` is a finite number >= (or >) ``minimum``."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
-    ok = ok and (value > minimum if strict else value >= minimum)
-    if not ok:
-        relation = ">" if strict else ">="
-        raise ValueError(f"env.{field}: must be a finite number {relation} {minimum:g}, got {value!r}")
-
-
-def require_bool(field: str, value: Any) -> None:
-    """Raise a one-line ValueError unless ``value`` is a bool."""
-    if not isinstance(value, bool):
-        raise ValueError(f"env.{field}: must be true or false, got {value!r}")
 
 
 def host_rng(seed: int) -> np.random.Generator:

@@ -17,6 +17,7 @@ import warp as wp
 from harness.env import Env
 from harness.losses import WeightedLoss
 from harness.params import ParamSet
+from harness.tasks import OpenLoop, Task, prepare, rollout
 from harness.training.step import record_rollout
 
 
@@ -62,6 +63,7 @@ def check_gradients(
     atol_fraction: float = 0.01,
     seed: int = 0,
     device: wp.context.Devicelike = None,
+    task: Task | None = None,
 ) -> tuple[GradcheckResult, ParamSet]:
     """Compare the tape gradient with central differences on ``samples`` random entries.
 
@@ -74,11 +76,12 @@ def check_gradients(
         atol_fraction: Absolute floor of the denominator, as a fraction of the largest |g|.
         seed: Which entries are sampled.
         device: Warp device.
+        task: What the parameters are (default: open-loop actions).
     """
-    params = ParamSet(env.parameter_specs(), device=device)
-    loss.bind(env.observables(), device=params.device)
+    task = task or OpenLoop()
+    params = prepare(env, task, loss, device=device)
 
-    tape, _, total = record_rollout(env, loss, params)
+    tape, _, total = record_rollout(env, task, loss, params)
     tape.backward(total)
     grad = params.grad.numpy().astype(np.float64)
 
@@ -89,7 +92,7 @@ def check_gradients(
     def loss_at(values: np.ndarray) -> float:
         params.data.assign(values)
         loss.zero()
-        return float(loss(env.rollout(params)).numpy()[0])
+        return float(loss(rollout(env, task, params)).numpy()[0])
 
     fd = np.empty(len(indices))
     for n, i in enumerate(indices):

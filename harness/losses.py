@@ -121,6 +121,16 @@ class WeightedLoss:
             resolved.append((weights, target))
         return resolved
 
+    def requested(self) -> dict[str, str]:
+        """The observables the terms read: ``all`` when any term covers every step, else ``last``."""
+        wanted: dict[str, str] = {}
+        for term in self.terms:
+            if term.steps == "all" or wanted.get(term.source) == "all":
+                wanted[term.source] = "all"
+            else:
+                wanted[term.source] = "last"
+        return wanted
+
     def bind(self, observables: Mapping[str, int], *, device: wp.context.Devicelike = None) -> None:
         """Check every term against the env's observables and allocate device buffers."""
         resolved = self.check(observables)

@@ -14,6 +14,7 @@ per chunk can reduce every parameter at once with one atomic per chunk.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -21,6 +22,16 @@ import warp as wp
 
 CHUNK = 256
 """Entries reduced by one thread in the chunked per-parameter reductions."""
+
+
+@wp.kernel
+def _clamp_kernel(lower: wp.array(dtype=wp.float32), upper: wp.array(dtype=wp.float32), x: wp.array(dtype=wp.float32)):
+    i = wp.tid()
+    # Comparisons are false for nan: a nan entry stays nan (the non-finite policy sees it).
+    if x[i] < lower[i]:
+        x[i] = lower[i]
+    elif x[i] > upper[i]:
+        x[i] = upper[i]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,12 +43,26 @@ class ParamSpec:
         shape: Shape of the typed array, in elements of ``dtype``.
         dtype: Warp dtype of the view: ``wp.float32`` or a float32 vector/matrix type.
         init: Initial values, broadcastable to ``shape + dtype's own shape``; zeros if None.
+        lower: Smallest value any entry may take; after every optimizer step entries below
+            are set to it, on the device (-inf: unbounded).
+        upper: Largest value any entry may take (inf: unbounded).
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: type = wp.float32
     init: np.ndarray | None = None
+    lower: float = -math.inf
+    upper: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not self.lower <= self.upper:  # also refuses nan
+            raise ValueError(f"parameter '{self.name}': lower bound {self.lower} is above upper bound {self.upper}")
+
+    @property
+    def bounded(self) -> bool:
+        """Whether either bound is finite."""
+        return math.isfinite(self.lower) or math.isfinite(self.upper)
 
     @property
     def scalar_count(self) -> int:
@@ -110,6 +135,24 @@ class ParamSet:
         self.chunk_segment = wp.array(np.array(chunk_seg, np.int32), dtype=wp.int32, device=self.device)
         self.chunk_start = wp.array(np.array(chunk_start, np.int32), dtype=wp.int32, device=self.device)
         self.chunk_end = wp.array(np.array(chunk_end, np.int32), dtype=wp.int32, device=self.device)
+
+        # Bounds, entry by entry (one clamp launch over the flat buffer after each step).
+        self.bounded = any(spec.bounded for spec in specs)
+        self.lower = self.upper = None
+        if self.bounded:
+            lower = np.full(self.size, -np.inf, dtype=np.float32)
+            upper = np.full(self.size, np.inf, dtype=np.float32)
+            for spec, seg in zip(specs, self.segments, strict=True):
+                lower[seg.offset : seg.offset + seg.length] = spec.lower
+                upper[seg.offset : seg.offset + seg.length] = spec.upper
+            self.data.assign(np.clip(host, lower, upper))
+            self.lower = wp.array(lower, dtype=wp.float32, device=self.device)
+            self.upper = wp.array(upper, dtype=wp.float32, device=self.device)
+
+    def clamp(self) -> None:
+        """Put every entry back inside its parameter's bounds (one launch; nothing when unbounded)."""
+        if self.bounded:
+            wp.launch(_clamp_kernel, dim=self.size, inputs=[self.lower, self.upper, self.data], device=self.device)
 
     @property
     def segment_count(self) -> int:

@@ -110,25 +110,21 @@ def adjoint_figures(horizon: int, device: wp.context.Device) -> None:
     from envs.cartpole import CartpoleEnv
     from harness.adjoint import AdjointClipper, profile_summary
     from harness.losses import WeightedLoss
-    from harness.params import ParamSet
+    from harness.tasks import OpenLoop, prepare
+    from harness.training.step import record_rollout
 
     env = CartpoleEnv(horizon=horizon, world_count=1, device=device)
-    params = ParamSet(env.parameter_specs(), device=device)
+    task = OpenLoop()
     loss = WeightedLoss(
         {
             "pose": {"source": "joint_q", "steps": "last"},
             "velocity": {"source": "joint_qd", "steps": "last", "weight": 0.1},
         }
     )
-    loss.bind(env.observables(), device=device)
+    params = prepare(env, task, loss, device=device)
     for max_norm in (None, float("inf"), 10.0, 1.0):
-        params.zero_grad()
-        env.zero_grad()
-        loss.zero()
         clipper = AdjointClipper(horizon=horizon, world_count=1, max_norm=max_norm, device=device)
-        tape = wp.Tape()
-        with tape:
-            total = loss(env.rollout(params, after_step=clipper.step_hook(tape) if max_norm else None))
+        tape, _, total = record_rollout(env, task, loss, params, adjoint=clipper if max_norm else None)
         tape.backward(total)
         grad = params.grad.numpy().astype(np.float64)
         line = f"horizon {horizon}, adjoint max_norm {max_norm}: |g| = {np.linalg.norm(grad):.4g}"

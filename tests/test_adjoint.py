@@ -9,7 +9,7 @@ import warp as wp
 from envs.cartpole import CartpoleEnv
 from harness.adjoint import AdjointClipper, profile_histogram_values, profile_image, profile_summary
 from harness.losses import WeightedLoss
-from harness.params import ParamSet
+from harness.tasks import OpenLoop, prepare, rollout
 
 TERMINAL = {
     "pose": {"source": "joint_q", "steps": "last"},
@@ -23,9 +23,9 @@ class Rollout:
 
     def __init__(self, horizon: int, world_count: int, terms: dict):
         self.env = CartpoleEnv(horizon=horizon, world_count=world_count, device="cpu")
-        self.params = ParamSet(self.env.parameter_specs(), device="cpu")
+        self.task = OpenLoop()
         self.loss = WeightedLoss(terms)
-        self.loss.bind(self.env.observables(), device="cpu")
+        self.params = prepare(self.env, self.task, self.loss, device="cpu")
 
     def gradient(self, max_norm: float | None, *, hook: bool = True) -> tuple[np.ndarray, AdjointClipper]:
         self.params.zero_grad()
@@ -37,7 +37,7 @@ class Rollout:
         tape = wp.Tape()
         after_step = clipper.step_hook(tape) if hook else None
         with tape:
-            total = self.loss(self.env.rollout(self.params, after_step=after_step))
+            total = self.loss(rollout(self.env, self.task, self.params, after_step=after_step))
         tape.backward(total)
         return self.params.grad.numpy().copy(), clipper
 

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import warp as wp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from envs.cartpole import CartpoleEnv
@@ -192,13 +193,23 @@ def test_check_capture_passes_for_the_cartpole_rollout(device):
     check_capture(env, WeightedLoss(UPRIGHT_TERMS), rtol=0.0 if exact_on(device) else 1e-5)
 
 
-def test_check_capture_catches_a_rollout_that_reads_the_host():
-    class HostRead(CartpoleEnv):
-        def rollout(self, params, *, after_step=None):
-            scale = 1.0 + float(np.abs(params["controls"].numpy()).sum())  # frozen in a graph
-            self.initial_joint_qd.fill_(0.01 * scale)
-            return super().rollout(params, after_step=after_step)
+@wp.kernel
+def _push_pole(joint_f: wp.array(dtype=wp.float32), push: float):
+    joint_f[1] = push
 
+
+class HostRead(CartpoleEnv):
+    """Breaks the contract on purpose: reads the first action on the host and hands it to a
+    kernel as a Python number, which a capture freezes at the value it had when recorded."""
+
+    def act(self, t, actions):
+        super().act(t, actions)
+        if t == 0:
+            push = float(actions.numpy()[0, 0, 0])
+            wp.launch(_push_pole, dim=1, inputs=[self.joint_f[0], push], device=self.device)
+
+
+def test_check_capture_catches_a_rollout_that_reads_the_host():
     env = HostRead(horizon=12, world_count=2, device="cpu")
     with pytest.raises(AssertionError, match="replayed graph differs from an eager run"):
         check_capture(env, WeightedLoss(UPRIGHT_TERMS))

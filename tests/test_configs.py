@@ -39,7 +39,7 @@ def test_clip_option_instantiates(name):
 def test_loss_option_binds_to_the_cartpole(name):
     run = build("+env=cartpole", "env.horizon=2", f"loss={name}", "device=cpu")
     assert isinstance(run.loss, WeightedLoss)
-    run.loss.bind(run.env.observables(), device="cpu")
+    run.loss.bind(run.env.observables, device="cpu")
 
 
 @pytest.mark.parametrize("name", config.available("schedule"))
@@ -58,7 +58,7 @@ def test_experiment_preset_composes_and_validates(name):
 @pytest.mark.parametrize("name", config.available("env"))
 def test_env_option_builds_and_declares_parameters(name):
     run = build(f"+env={name}", "env.horizon=2", "env.world_count=1", "device=cpu")
-    assert run.env.parameter_specs()
+    assert run.task.parameter_specs(run.env)
     assert run.settings.device == "cpu"
 
 

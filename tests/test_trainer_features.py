@@ -13,6 +13,7 @@ from harness import checkpoint
 from harness.clip import clip_by_global_norm, no_clip
 from harness.optim import adamw_schedulefree, sgd
 from harness.schedules import constant, linear_warmup
+from harness.tasks import rollout
 from harness.training import Trainer
 from tests.helpers import make_trainer
 
@@ -95,7 +96,7 @@ def loss_at(t: Trainer, flat: np.ndarray) -> float:
     kept = t.params.data.numpy().copy()
     t.params.data.assign(flat)
     t.loss.zero()
-    value = float(t.loss(t.env.rollout(t.params)).numpy()[0])
+    value = float(t.loss(rollout(t.env, t.task, t.params)).numpy()[0])
     t.params.data.assign(kept)
     return value
 

@@ -23,6 +23,7 @@ from harness.losses import WeightedLoss
 from harness.optim import Optimizer
 from harness.params import ParamSet
 from harness.schedules import Schedule, constant
+from harness.tasks import OpenLoop, Task, prepare
 from harness.training.callbacks import Checkpointer, HParamsRecord, ProgressLine, SignalStop, TensorBoardLog
 from harness.training.loop import Callback, Loop, Tally, TrainingInterrupted, TrainSettings, write_json
 from harness.training.state import TrainState
@@ -53,6 +54,7 @@ class Trainer:
         clip: Clip policy with its non-finite and adjoint settings (:mod:`harness.clip`).
         settings: Loop settings.
         schedule: Learning-rate schedule (:mod:`harness.schedules`); constant if None.
+        task: What is trained (:mod:`harness.tasks`); open-loop actions if None.
 
     Attributes:
         state: The :class:`TrainState`.
@@ -73,20 +75,23 @@ class Trainer:
         clip: ClipPolicy,
         settings: TrainSettings,
         schedule: Schedule | None = None,
+        task: Task | None = None,
     ):
         self.env, self.loss, self.optimizer, self.clip, self.settings = env, loss, optimizer, clip, settings
         self.schedule = schedule or constant()
+        self.task = task or OpenLoop()
         self.device = wp.get_device(settings.device)
-        params = ParamSet(env.parameter_specs(), device=self.device)
-        loss.bind(env.observables(), device=self.device)
+        params = prepare(env, self.task, loss, device=self.device)
         opt_state = optimizer.init(params)
         self.state = TrainState(params, opt_state, self.schedule.init(opt_state), clip.init(params))
         self.step = TrainStep(
-            env=env, loss=loss, optimizer=optimizer, clip=clip, schedule=self.schedule, state=self.state,
-            rows=settings.log_every,
+            env=env, task=self.task, loss=loss, optimizer=optimizer, clip=clip, schedule=self.schedule,
+            state=self.state, rows=settings.log_every,
         )  # fmt: skip
         blocker = capture_blocker(
-            env, self.device, {"loss": loss, "optimizer": optimizer, "clip": clip, "schedule": self.schedule}
+            env,
+            self.device,
+            {"task": self.task, "loss": loss, "optimizer": optimizer, "clip": clip, "schedule": self.schedule},
         )
         self.capture_reason = None
         if settings.capture is False:

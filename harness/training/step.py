@@ -10,7 +10,8 @@ This module owns :class:`TrainStep`. Its :meth:`~TrainStep.iteration` issues, in
     clip (in place; the non-finite policy sets the device skip flag)
     post-clip statistics
     snapshot of the evaluated parameters (update ratio at log steps)
-    skip guard save -> schedule (writes the device lr) -> optimizer step -> skip guard restore
+    skip guard save -> schedule (writes the device lr) -> optimizer step -> parameter bounds
+        -> skip guard restore
     record the iteration's row of scalars at row ``counter % rows`` of the device history
     advance the device iteration counter
 
@@ -40,6 +41,7 @@ from harness.optim import Optimizer
 from harness.params import ParamSet
 from harness.schedules import Schedule
 from harness.stats import FlatStats
+from harness.tasks import OpenLoop, Task, prepare, rollout
 from harness.training.state import TrainState
 
 __all__ = [
@@ -108,12 +110,13 @@ def zero_grads(env: Env, loss: WeightedLoss, params: ParamSet) -> None:
 
 
 def record_rollout(
-    env: Env, loss: WeightedLoss, params: ParamSet, *, adjoint: AdjointClipper | None = None
+    env: Env, task: Task, loss: WeightedLoss, params: ParamSet, *, adjoint: AdjointClipper | None = None
 ) -> tuple[wp.Tape, Trajectory, wp.array]:
     """Zero every gradient, then record rollout + loss on a fresh tape (``tape.backward(total)`` next).
 
     Args:
         env: The simulation.
+        task: What the parameters are.
         loss: The loss, bound to the env's observables.
         params: The parameters the rollout reads.
         adjoint: In-backward adjoint clipper hooked into the rollout, if any.
@@ -125,13 +128,19 @@ def record_rollout(
     tape = wp.Tape()
     with tape:
         hook = adjoint.step_hook(tape) if adjoint is not None else None
-        trajectory = env.rollout(params, after_step=hook)
+        trajectory = rollout(env, task, params, after_step=hook)
         total = loss(trajectory)
     return tape, trajectory, total
 
 
 def check_capture(
-    env: Env, loss: WeightedLoss, *, seed: int = 0, rtol: float = 0.0, device: wp.context.Devicelike = None
+    env: Env,
+    loss: WeightedLoss,
+    task: Task | None = None,
+    *,
+    seed: int = 0,
+    rtol: float = 0.0,
+    device: wp.context.Devicelike = None,
 ) -> None:
     """Assert that a replayed graph of the env's forward + backward equals eager runs bit for bit.
 
@@ -144,6 +153,7 @@ def check_capture(
     Args:
         env: The env under test (its rollout is run five times).
         loss: A loss over its observables (bound here).
+        task: What is trained (default: open-loop actions).
         seed: Seed of the perturbation ``p1 - p0`` (1% of ``|p0| + 1``, normal).
         rtol: 0 compares bit for bit (the CPU; CUDA with ``HARNESS_DETERMINISTIC``); a
             tolerance for CUDA runs whose float atomics may sum in any order.
@@ -152,15 +162,15 @@ def check_capture(
     Raises:
         AssertionError: Naming the first array that differs.
     """
-    device = wp.get_device(device if device is not None else getattr(env, "device", None))
-    params = ParamSet(env.parameter_specs(), device=device)
-    loss.bind(env.observables(), device=device)
+    device = wp.get_device(device if device is not None else env.device)
+    task = task or OpenLoop()
+    params = prepare(env, task, loss, device=device)
     p0 = params.data.numpy().copy()
     p1 = (p0 + 0.01 * (np.abs(p0) + 1.0) * np.random.default_rng(seed).standard_normal(p0.shape)).astype(np.float32)
     holder: dict[str, Any] = {}
 
     def run() -> None:
-        holder["tape"], holder["trajectory"], holder["total"] = record_rollout(env, loss, params)
+        holder["tape"], holder["trajectory"], holder["total"] = record_rollout(env, task, loss, params)
         holder["tape"].backward(holder["total"])
 
     def snapshot() -> dict[str, np.ndarray]:
@@ -219,6 +229,7 @@ class TrainStep:
 
     Args:
         env: The simulation.
+        task: What the parameters are (how they drive the rollout).
         loss: The loss, bound to the env's observables.
         optimizer: The optimizer.
         clip: The clip policy (with its non-finite and adjoint settings).
@@ -244,6 +255,7 @@ class TrainStep:
         self,
         *,
         env: Env,
+        task: Task,
         loss: WeightedLoss,
         optimizer: Optimizer,
         clip: ClipPolicy,
@@ -251,7 +263,8 @@ class TrainStep:
         state: TrainState,
         rows: int,
     ):
-        self.env, self.loss, self.optimizer, self.clip, self.schedule = env, loss, optimizer, clip, schedule
+        self.env, self.task, self.loss = env, task, loss
+        self.optimizer, self.clip, self.schedule = optimizer, clip, schedule
         self.state = state
         params = state.params
         self.device = params.device
@@ -316,7 +329,7 @@ class TrainStep:
         t0 = time.perf_counter()
         # The graph replays launches that reference the tape's arrays: keep the tape.
         self._tape, self.trajectory, total = record_rollout(
-            self.env, self.loss, self.state.params, adjoint=self.adjoint
+            self.env, self.task, self.loss, self.state.params, adjoint=self.adjoint
         )
         t1 = time.perf_counter()
         adjoint_before = self.adjoint.elapsed_s if self.adjoint is not None else 0.0
@@ -343,6 +356,7 @@ class TrainStep:
         self.skip_guard.save()
         self.schedule.update(state.optim, state.schedule, state.clip["clipped"])
         self.optimizer.step(params, params.grad, state.optim)
+        params.clamp()  # parameter bounds, on the device
         self.skip_guard.restore()
         wp.launch(
             _record_row_kernel,
@@ -435,7 +449,7 @@ class TrainStep:
             wp.copy(params.data, x)
         try:
             self.loss.zero()
-            trajectory = self.env.rollout(params)
+            trajectory = rollout(self.env, self.task, params)
             total = self.loss(trajectory)
             return float(total.numpy()[0]), self.env.describe(trajectory)
         finally:

@@ -1,0 +1,142 @@
+"""A base for envs built on a Newton ``Model``: one ``State`` per step, the solver, zeroing.
+
+:class:`NewtonEnv` does what every Newton env of this project does the same way, so a
+new env writes only its scene, its solver, its observables and its quantities:
+
+- one ``newton.State`` per step, so a taped rollout never overwrites an input that
+  backward needs (``per_step_states=false`` steps two States in turn instead: the wrong
+  way, kept to show what per-step States fix);
+- ``reset`` copies the initial state (``self.initial``, per state field) into state 0;
+- ``step`` clears forces and calls ``solver.step`` with the step's control and contacts;
+- ``zero_grad`` zeroes the gradient of every array of the model, the solver and every
+  State, and of what :meth:`NewtonEnv.extra_arrays` adds;
+- observables requested with ``steps: last`` only are recorded once (one row).
+
+Save and restore of a state at a segment start (long horizons) live here too, for every
+env whose state is the arrays named in :attr:`NewtonEnv.state_fields`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, ClassVar
+
+import warp as wp
+
+from harness.env import Env, EnvConfig, Trajectory, array_grads
+from harness.schema import field
+
+__all__ = ["NewtonEnv", "NewtonEnvConfig"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NewtonEnvConfig(EnvConfig):
+    """Fields every Newton env has."""
+
+    per_step_states: bool = field(
+        True, doc="one State per step; false steps two States in turn (wrong gradients, kept to show it)"
+    )
+
+
+class NewtonEnv(Env):
+    """An env whose simulation is a Newton model stepped by a Newton solver.
+
+    Subclasses implement :meth:`build_model`, :meth:`build_solver` and :meth:`record`
+    (with :meth:`row` and :attr:`observed`), set :attr:`dt` and :attr:`state_fields`,
+    and may override :meth:`control_at`, :meth:`contacts_at`, :meth:`extra_arrays`.
+
+    Attributes:
+        state_fields: The State arrays that make up the simulation state (what ``reset``
+            writes, what the adjoint clip and segment restore see), e.g.
+            ``("particle_q", "particle_qd")``.
+        model: The Newton model; solver: the solver; states: the States of a rollout.
+        initial: The initial state, by field (quantities of the initial state write here).
+        observed: The recorded observables, by name, ``(rows, world_count, dim)``.
+    """
+
+    Config: ClassVar[type[EnvConfig]] = NewtonEnvConfig
+    state_fields: ClassVar[tuple[str, ...]] = ("particle_q", "particle_qd")
+
+    def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
+        super().__init__(config, device=device, **fields)
+        self.model = self.build_model()
+        self.solver = self.build_solver()
+        count = self.horizon + 1 if self.config.per_step_states else 2
+        self.states = [self.model.state(requires_grad=True) for _ in range(count)]
+        self.initial = {name: wp.clone(getattr(self.states[0], name), requires_grad=True) for name in self.state_fields}
+        self.control = self.model.control()
+        self.observed: dict[str, wp.array] = {}
+        self.request(self._wanted)
+
+    @abc.abstractmethod
+    def build_model(self) -> Any:
+        """The finalized ``newton.Model`` (``requires_grad=True``) for ``self.config``."""
+
+    @abc.abstractmethod
+    def build_solver(self) -> Any:
+        """The solver stepping ``self.model``."""
+
+    def state(self, t: int) -> Any:
+        """The State holding the simulation after ``t`` steps."""
+        return self.states[t] if self.config.per_step_states else self.states[t % 2]
+
+    def control_at(self, t: int) -> Any:
+        """The Control of step ``t`` (one shared Control by default)."""
+        return self.control
+
+    def contacts_at(self, t: int) -> Any:
+        """The Contacts of step ``t`` (None: no contacts)."""
+        return None
+
+    def extra_arrays(self) -> list[wp.array]:
+        """Further arrays of the env whose gradients ``zero_grad`` must zero (per-step scratch, inputs)."""
+        return []
+
+    # -- Env ------------------------------------------------------------------------------
+
+    def request(self, wanted: dict[str, str]) -> None:
+        super().request(wanted)
+        dims = self.observables
+        self.observed = {
+            name: wp.zeros(
+                (self.horizon if mode == "all" else 1, self.world_count, dims[name]),
+                dtype=wp.float32,
+                device=self.device,
+                requires_grad=True,
+            )
+            for name, mode in self._wanted.items()
+        }
+
+    def row(self, name: str, t: int) -> int | None:
+        """The row of ``observed[name]`` that step ``t`` writes, or None when it writes none."""
+        mode = self._wanted.get(name)
+        if mode == "all":
+            return t
+        if mode == "last" and t == self.horizon - 1:
+            return 0
+        return None
+
+    def reset(self) -> None:
+        first = self.state(0)
+        for name in self.state_fields:
+            wp.copy(getattr(first, name), self.initial[name])
+
+    def step(self, t: int) -> None:
+        state, following = self.state(t), self.state(t + 1)
+        state.clear_forces()
+        self.solver.step(state, following, self.control_at(t), self.contacts_at(t), self.dt)
+
+    def trajectory(self) -> Trajectory:
+        return dict(self.observed)
+
+    def state_arrays(self, t: int) -> list[wp.array]:
+        state = self.state(t)
+        return [getattr(state, name).reshape((self.world_count, -1)) for name in self.state_fields]
+
+    def zero_grad(self) -> None:
+        for grad in array_grads(self.model, self.solver, *self.states):
+            grad.zero_()
+        for array in (*self.initial.values(), *self.observed.values(), *self.extra_arrays()):
+            if array.grad is not None:
+                array.grad.zero_()

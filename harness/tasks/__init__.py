@@ -1,0 +1,20 @@
+"""What is trained, and the rollout that drives an env with it.
+
+A task decides what the trainable parameters are and how they enter a rollout; the env
+(:mod:`harness.env`) only simulates. Tasks, by their ``configs/task/`` option:
+
+- ``open_loop`` (:class:`~harness.tasks.open_loop.OpenLoop`): one action per step and world.
+- ``physical`` and ``initial`` (:class:`~harness.tasks.quantities.TrainQuantities`): named
+  physical quantities the env exposes (masses, rest lengths, material parameters), or
+  quantities of its initial state (initial velocities).
+
+:func:`rollout` is the one loop over steps every task shares.
+"""
+
+from __future__ import annotations
+
+from harness.tasks.base import Task, prepare, rollout
+from harness.tasks.open_loop import OpenLoop
+from harness.tasks.quantities import TrainQuantities
+
+__all__ = ["OpenLoop", "Task", "TrainQuantities", "prepare", "rollout"]

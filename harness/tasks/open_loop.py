@@ -1,0 +1,72 @@
+"""Open-loop control: the action of every step and world is a parameter."""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import warp as wp
+
+from harness import schema
+from harness.env import Env, EnvConfig
+from harness.params import ParamSet, ParamSpec
+from harness.tasks.base import Task
+
+__all__ = ["OpenLoop"]
+
+
+class OpenLoop(Task):
+    """Train the action sequence itself: parameter ``controls``, one action per step and world.
+
+    Shape ``(horizon, world_count)`` for an env whose action is one number (the cartpole's
+    cart force), ``(horizon, world_count, action_dim)`` otherwise.
+
+    Args:
+        init: Initial value of every action.
+        lower: Smallest action (kept after every optimizer step), -inf for none.
+        upper: Largest action, inf for none.
+    """
+
+    name = "open_loop"
+
+    def __init__(self, *, init: float = 0.0, lower: float = -math.inf, upper: float = math.inf):
+        self.init, self.lower, self.upper = _bounds_checked(float(init), float(lower), float(upper))
+        self._views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def check(self, config: EnvConfig) -> None:
+        if config.action_dim() < 1:
+            raise ValueError(
+                "task: open_loop trains actions, and this env takes none; accepted: a task for its quantities "
+                f"({', '.join(config.quantities()) or 'none'}) such as task=physical or task=initial"
+            )
+
+    def parameter_shapes(self, config: EnvConfig) -> dict[str, tuple[int, ...]]:
+        rows = (config.horizon, config.world_count)
+        dim = config.action_dim()
+        return {"controls": rows if dim == 1 else (*rows, dim)}
+
+    def parameter_specs(self, env: Env) -> list[ParamSpec]:
+        shape = self.parameter_shapes(env.config)["controls"]
+        return [ParamSpec("controls", shape, init=self.init, lower=self.lower, upper=self.upper)]
+
+    def begin(self, env: Env, params: ParamSet) -> None:
+        env.reset()
+
+    def act(self, env: Env, params: ParamSet, t: int) -> None:
+        env.act(t, self.actions(env, params))
+
+    def actions(self, env: Env, params: ParamSet) -> wp.array:
+        """The ``controls`` parameter as ``(horizon, world_count, action_dim)`` (a view, same memory)."""
+        view = self._views.get(params)
+        if view is None:
+            view = params["controls"].reshape((env.horizon, env.world_count, env.action_dim))
+            self._views[params] = view
+        return view
+
+
+def _bounds_checked(init: float, lower: float, upper: float) -> tuple[float, float, float]:
+    if not lower <= upper:
+        raise schema.SchemaError(f"task.lower: {lower:g} is above task.upper {upper:g}; accepted: lower <= upper")
+    if not lower <= init <= upper:
+        raise schema.SchemaError(f"task.init: {init:g} is outside [task.lower, task.upper] = [{lower:g}, {upper:g}]")
+    return init, lower, upper
