@@ -145,7 +145,7 @@ def gradcheck_command(cfg: DictConfig) -> None:
         run.env,
         run.loss,
         samples=int(gc.samples),
-        eps=float(gc.eps),
+        eps=None if gc.eps is None else float(gc.eps),
         tolerance=float(gc.tolerance),
         atol_fraction=float(gc.atol_fraction),
         seed=int(gc.seed),

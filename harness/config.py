@@ -245,36 +245,36 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
     )
 
 
-_BUILT: dict[tuple[str, str | None], Any] = {}
-"""Envs built by :func:`build_env`, by (resolved env config, device): the command line's
-early check builds the env once, before anything is written, and the run uses it."""
+_PREBUILT: dict[tuple[str, str | None], Any] = {}
+"""The env the command line's early check built (:func:`precheck`), by (resolved env
+config, device), handed once to the run's :func:`build_run`."""
 
 
 def build_env(cfg: DictConfig, device: str | None) -> Any:
-    """Build the env of ``cfg`` (this compiles its kernels), or return the one already built
-    for the same env config and device in this process.
+    """Build the env of ``cfg`` (this compiles its kernels).
 
     Raises:
         ConfigError: One line when the env's own code raises while building.
     """
-    key = (OmegaConf.to_yaml(cfg.env, resolve=True), device)
-    if key not in _BUILT:
-        env_class, env_config = check_env_fields(cfg)
-        try:
-            _BUILT.clear()  # one env at a time: a sweep's jobs do not keep each other's envs alive
-            _BUILT[key] = env_class(env_config, device=device)
-        except Exception as exc:
-            raise ConfigError(
-                f"env: building {env_class.__module__}.{env_class.__qualname__} failed: "
-                f"{type(exc).__name__}: {_first_line(exc)}"
-            ) from None
-    return _BUILT[key]
+    env_class, env_config = check_env_fields(cfg)
+    try:
+        return env_class(env_config, device=device)
+    except Exception as exc:
+        raise ConfigError(
+            f"env: building {env_class.__module__}.{env_class.__qualname__} failed: "
+            f"{type(exc).__name__}: {_first_line(exc)}"
+        ) from None
+
+
+def _env_key(cfg: DictConfig, device: str | None) -> tuple[str, str | None]:
+    return OmegaConf.to_yaml(cfg.env, resolve=True), device
 
 
 def build_run(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
-    """Validate the whole config, then build the env (this compiles its kernels)."""
+    """Validate the whole config, then build the env (this compiles its kernels), or take
+    the one :func:`precheck` built for this very env config and device."""
     run = validate(cfg, choices)
-    run.env = build_env(cfg, run.settings.device)
+    run.env = _PREBUILT.pop(_env_key(cfg, run.settings.device), None) or build_env(cfg, run.settings.device)
     return run
 
 
@@ -363,7 +363,9 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
             )
         return None
     folder = None if resume is None else _check_checkpoint(str(resume), given.get("hydra.run.dir"), cfg, choices)
-    build_env(cfg, check_device(cfg.get("device")))  # a failure while building writes nothing
+    device = check_device(cfg.get("device"))
+    _PREBUILT.clear()
+    _PREBUILT[_env_key(cfg, device)] = build_env(cfg, device)  # a failure while building writes nothing
     return folder
 
 

@@ -93,6 +93,7 @@ class Quantity:
         upper: Largest physical value, inf if none.
         unit: SI unit, for the docs and the summary (``kg``, ``m``, ``m/s``, ``Pa``).
         doc: One line: what it is.
+        fd_step: A central finite-difference step for gradient checks, in ``unit``.
     """
 
     shape: tuple[int, ...]
@@ -101,6 +102,7 @@ class Quantity:
     upper: float = math.inf
     unit: str = ""
     doc: str = ""
+    fd_step: float = 1.0e-3
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -123,6 +125,10 @@ class EnvConfig:
     def action_dim(self) -> int:
         """Width of one world's action at one step (0: the env takes no actions)."""
         return 0
+
+    def action_fd_step(self) -> float:
+        """A central finite-difference step for an action entry, in the action's units."""
+        return 1.0
 
     def quantities(self) -> dict[str, Quantity]:
         """The physical quantities a task may train, by name."""
@@ -226,7 +232,8 @@ class Env(abc.ABC):
         raise KeyError(f"env '{self.name}' has no quantity '{name}'")
 
     def quantity_value(self, name: str) -> np.ndarray:
-        """The quantity's value in the simulation as built (the start point of training)."""
+        """The quantity's value as the env was built (the start point of training), whatever
+        :meth:`set_quantity` wrote since."""
         raise KeyError(f"env '{self.name}' has no quantity '{name}'")
 
     @abc.abstractmethod

@@ -58,7 +58,7 @@ def check_gradients(
     loss: WeightedLoss,
     *,
     samples: int = 12,
-    eps: float = 1.0,
+    eps: float | None = None,
     tolerance: float = 0.01,
     atol_fraction: float = 0.01,
     seed: int = 0,
@@ -71,7 +71,8 @@ def check_gradients(
         env: The simulation (its initial parameters are used).
         loss: The loss, not yet bound.
         samples: How many flat parameter entries to check.
-        eps: Finite-difference step, in the parameter's units.
+        eps: Finite-difference step, in the parameter's units; None takes each parameter's
+            own ``fd_step`` (:class:`~harness.params.ParamSpec`, set by the env or task).
         tolerance: Largest accepted relative error.
         atol_fraction: Absolute floor of the denominator, as a fraction of the largest |g|.
         seed: Which entries are sampled.
@@ -94,12 +95,16 @@ def check_gradients(
         loss.zero()
         return float(loss(rollout(env, task, params)).numpy()[0])
 
+    steps = params.split(np.zeros(params.size, np.float32))  # per-entry step, parameter by parameter
+    for spec in params.specs:
+        steps[spec.name][...] = spec.fd_step if eps is None else eps
+    step = np.concatenate([steps[spec.name].ravel() for spec in params.specs])
     fd = np.empty(len(indices))
     for n, i in enumerate(indices):
         plus, minus = base.copy(), base.copy()
-        plus[i] += eps
-        minus[i] -= eps
-        fd[n] = (loss_at(plus) - loss_at(minus)) / (2.0 * eps)
+        plus[i] += step[i]
+        minus[i] -= step[i]
+        fd[n] = (loss_at(plus) - loss_at(minus)) / (float(plus[i]) - float(minus[i]))
     params.data.assign(base)
 
     g = grad[indices]

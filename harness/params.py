@@ -46,6 +46,8 @@ class ParamSpec:
         lower: Smallest value any entry may take; after every optimizer step entries below
             are set to it, on the device (-inf: unbounded).
         upper: Largest value any entry may take (inf: unbounded).
+        fd_step: A central finite-difference step suited to this parameter, in its units
+            (what ``python -m harness gradcheck`` uses unless ``gradcheck.eps`` is given).
     """
 
     name: str
@@ -54,6 +56,7 @@ class ParamSpec:
     init: np.ndarray | None = None
     lower: float = -math.inf
     upper: float = math.inf
+    fd_step: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.lower <= self.upper:  # also refuses nan

@@ -86,6 +86,7 @@ class TrainQuantities(Task):
                 init=env.quantity_value(name),
                 lower=max(q.lower, self.lower),
                 upper=min(q.upper, self.upper),
+                fd_step=q.fd_step,
             )
             for name, q in self.chosen(env.config).items()
         ]

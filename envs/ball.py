@@ -1,0 +1,153 @@
+"""Newton's diffsim ball: a particle bounces off a wall and the ground towards a target.
+
+A port of ``newton/examples/diffsim/example_diffsim_ball.py`` (newton 1.8): one particle
+(mass 1 kg) launched from (0, -0.5, 1) m, a wall box at (0, 2, 1) m (half extents 1,
+0.25, 1 m) and a ground plane, soft contacts with ke = 1e4, kd = 10, kf = 0, mu = 0.2,
+restitution 1, ``SolverSemiImplicit`` at dt = 1/480 s for 36 x 8 = 288 steps. The
+trained quantity is the initial velocity (``task=initial``); the default loss is the
+example's, the squared distance of the final position to the target (0, -2, 1.5) m.
+
+Contacts are found once, at construction, from the initial positions (``collide()``
+into one ``Contacts``), and that contact set stays frozen for every rollout, as in the
+example: with a 10 m contact gap every particle-shape pair is in the set, and which of
+them push is decided inside the solver step from the current positions. Only the
+initial velocity is trained, so the initial positions the set was found from never change.
+
+With ``world_count`` above 1 every world is a copy of the scene (Newton's ``replicate``;
+contacts never cross worlds) with its own target: the example's target moved by a
+uniform draw from [-target_spread, target_spread] m per axis (seeded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import newton
+import numpy as np
+import warp as wp
+
+from harness.env import EnvConfig, Quantity, Trajectory, host_rng
+from harness.newton_env import NewtonEnv, NewtonEnvConfig
+from harness.schema import field
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BallConfig(NewtonEnvConfig):
+    """``configs/env/ball.yaml``."""
+
+    horizon: int = field(288, minimum=1, doc="simulation steps (the example: 36 frames x 8 substeps)")
+    world_count: int = field(1, minimum=1, doc="copies of the scene, each with its own target")
+    dt: float = field(1.0 / 480.0, minimum=0.0, strict=True, doc="time step [s] (the example: 1/60 / 8)")
+    target: tuple[float, ...] = field((0.0, -2.0, 1.5), length=3, doc="target position [m]")
+    target_spread: float = field(0.0, minimum=0.0, doc="per-world targets drawn from target +- spread [m]")
+    initial_velocity: tuple[float, ...] = field((0.0, 5.0, -5.0), length=3, doc="initial velocity [m/s]")
+
+    def observable_dims(self) -> dict[str, int]:
+        return {"to_target": 3}
+
+    def quantities(self) -> dict[str, Quantity]:
+        return {
+            "initial_velocity": Quantity(
+                (self.world_count,), wp.vec3, unit="m/s", doc="initial velocity of each world's ball"
+            )
+        }
+
+    def default_quantities(self, kind: str) -> list[str]:
+        return ["initial_velocity"] if kind == "initial" else []
+
+
+@wp.kernel
+def _to_target(
+    particle_q: wp.array(dtype=wp.vec3),
+    targets: wp.array(dtype=wp.vec3),
+    row: int,
+    out: wp.array3d(dtype=wp.float32),
+):
+    world = wp.tid()
+    delta = particle_q[world] - targets[world]
+    out[row, world, 0] = delta[0]
+    out[row, world, 1] = delta[1]
+    out[row, world, 2] = delta[2]
+
+
+class BallEnv(NewtonEnv):
+    """The diffsim ball; see :class:`BallConfig` for the fields."""
+
+    name = "ball"
+    Config = BallConfig
+
+    CONTACT_KE, CONTACT_KD, CONTACT_KF, CONTACT_MU = 1.0e4, 1.0e1, 0.0, 0.2
+
+    def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
+        super().__init__(config, device=device, **fields)
+        self.dt = self.config.dt
+        self._built_velocity = self.initial["particle_qd"].numpy().copy()  # where training starts
+        rng = host_rng(self.config.seed)
+        spread = self.config.target_spread
+        targets = np.asarray(self.config.target, np.float32) + rng.uniform(-spread, spread, (self.world_count, 3))
+        self.targets = wp.array(targets.astype(np.float32), dtype=wp.vec3, device=self.device)
+        self.collision_pipeline = newton.CollisionPipeline(
+            self.model, broad_phase="explicit", soft_contact_gap=10.0, requires_grad=True
+        )
+        self.contacts = self.collision_pipeline.contacts()
+        self.collision_pipeline.collide(self.state(0), self.contacts)
+
+    def build_model(self) -> newton.Model:
+        cfg = newton.ModelBuilder.ShapeConfig(
+            ke=self.CONTACT_KE, kf=self.CONTACT_KF, kd=self.CONTACT_KD, mu=self.CONTACT_MU
+        )
+        scene = newton.ModelBuilder(up_axis=newton.Axis.Z)
+        scene.add_particle(pos=wp.vec3(0.0, -0.5, 1.0), vel=wp.vec3(*self.config.initial_velocity), mass=1.0)
+        scene.add_shape_box(
+            body=-1, xform=wp.transform(wp.vec3(0.0, 2.0, 1.0), wp.quat_identity()), hx=1.0, hy=0.25, hz=1.0, cfg=cfg
+        )
+        scene.add_ground_plane(cfg=cfg)
+        if self.world_count > 1:
+            worlds = newton.ModelBuilder(up_axis=newton.Axis.Z)
+            worlds.replicate(scene, self.world_count, spacing=(0.0, 0.0, 0.0))
+            scene = worlds
+        model = scene.finalize(device=self.device, requires_grad=True)
+        model.soft_contact_ke = self.CONTACT_KE
+        model.soft_contact_kf = self.CONTACT_KF
+        model.soft_contact_kd = self.CONTACT_KD
+        model.soft_contact_mu = self.CONTACT_MU
+        model.soft_contact_restitution = 1.0
+        return model
+
+    def build_solver(self) -> newton.solvers.SolverSemiImplicit:
+        return newton.solvers.SolverSemiImplicit(self.model)
+
+    def contacts_at(self, t: int) -> newton.Contacts:
+        return self.contacts  # one frozen contact set, read (never written) by every step
+
+    def extra_arrays(self) -> list[wp.array]:
+        return [value for value in vars(self.contacts).values() if isinstance(value, wp.array)]
+
+    def quantity_value(self, name: str) -> np.ndarray:
+        if name != "initial_velocity":
+            return super().quantity_value(name)
+        return self._built_velocity.copy()
+
+    def set_quantity(self, name: str, value: wp.array) -> None:
+        if name != "initial_velocity":
+            super().set_quantity(name, value)
+        wp.copy(self.initial["particle_qd"], value)
+
+    def record(self, t: int) -> None:
+        row = self.row("to_target", t)
+        if row is not None:
+            wp.launch(
+                _to_target,
+                dim=self.world_count,
+                inputs=[self.state(t + 1).particle_q, self.targets, row],
+                outputs=[self.observed["to_target"]],
+                device=self.device,
+            )
+
+    def describe(self, trajectory: Trajectory) -> dict[str, Any]:
+        offset = trajectory["to_target"].numpy()[-1].astype(np.float64)
+        return {
+            "final_distance_to_target_m": np.round(np.linalg.norm(offset, axis=1), 4).tolist(),
+            "initial_velocity_m_per_s": np.round(self.initial["particle_qd"].numpy(), 4).tolist(),
+        }

@@ -1,0 +1,231 @@
+"""Newton's diffsim soft body: tune a jelly cube's material so that it bounces to a target.
+
+A port of ``newton/examples/diffsim/example_diffsim_soft_body.py`` (newton 1.8, its default
+anisotropic mode): a 2 x 2 x 2 grid of 0.1 m cells (27 particles, 40 tetrahedra, 0.2 kg in
+all) launched at (0, 6, -6) m/s from (-0.1, -0.5, 1) m against a wall box and the ground
+(soft contacts ke = 1e3, kd = 1, kf = 0, mu = 0.2, restitution 1), ``SolverSemiImplicit`` at
+dt = 1/960 s for 60 x 16 = 960 steps. Young's modulus 1.5e4 Pa and Poisson ratio 0.3 give
+every tetrahedron the Lame parameters mu = 5769 Pa and lambda = 8654 Pa to start with.
+The trained quantity is the per-tetrahedron (mu, lambda) (``task=physical``), kept in the
+example's bounds [500, 4e6] Pa after every step; the default loss is the example's, the
+squared distance of the final centre of mass to the target (0, -1, 1.5) m.
+
+The example collides every substep into a freshly allocated ``Contacts``. Here every step
+has its own ``Contacts``, allocated once at construction and refilled by ``collide()``
+inside the rollout (so the contacts of step t are still there when backward reaches step
+t, and nothing is allocated per rollout: the capture contract). With ``world_count`` above
+1 every world is a copy of the scene (``replicate``; contacts never cross worlds) with its
+own target, the example's moved by a uniform draw from [-target_spread, target_spread] m.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import newton
+import numpy as np
+import warp as wp
+
+from harness.env import EnvConfig, Quantity, Trajectory, host_rng
+from harness.newton_env import NewtonEnv, NewtonEnvConfig
+from harness.schema import field
+
+LAME_BOUNDS = (500.0, 4.0e6)
+"""The example's clamp of every Lame parameter after each step [Pa]."""
+
+TETS_PER_CELL = 5
+"""Tetrahedra Newton's ``add_soft_grid`` makes of one cell."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SoftBodyConfig(NewtonEnvConfig):
+    """``configs/env/soft_body.yaml``."""
+
+    horizon: int = field(960, minimum=1, doc="simulation steps (the example: 60 frames x 16 substeps)")
+    world_count: int = field(1, minimum=1, doc="copies of the scene, each with its own target")
+    dt: float = field(1.0 / 960.0, minimum=0.0, strict=True, doc="time step [s] (the example: 1/60 / 16)")
+    target: tuple[float, ...] = field((0.0, -1.0, 1.5), length=3, doc="target of the centre of mass [m]")
+    target_spread: float = field(0.0, minimum=0.0, doc="per-world targets drawn from target +- spread [m]")
+    per_step_contacts: bool = field(
+        True, doc="one Contacts per step; false refills one Contacts every step (wrong gradients, kept to show it)"
+    )
+
+    CELLS: ClassVar[int] = 2
+
+    @property
+    def tets_per_world(self) -> int:
+        return self.CELLS**3 * TETS_PER_CELL
+
+    @property
+    def particles_per_world(self) -> int:
+        return (self.CELLS + 1) ** 3
+
+    def observable_dims(self) -> dict[str, int]:
+        return {"com_to_target": 3}
+
+    def quantities(self) -> dict[str, Quantity]:
+        return {
+            "materials": Quantity(
+                (self.world_count * self.tets_per_world, 2),
+                lower=LAME_BOUNDS[0],
+                upper=LAME_BOUNDS[1],
+                unit="Pa",
+                doc="Lame parameters (mu, lambda) of every tetrahedron",
+                fd_step=100.0,  # Pa; 10 Pa is below float32 resolution of the loss (docs/envs.md)
+            )
+        }
+
+    def default_quantities(self, kind: str) -> list[str]:
+        return ["materials"] if kind == "physical" else []
+
+
+@wp.kernel
+def _assign_materials(values: wp.array2d(dtype=wp.float32), tet_materials: wp.array2d(dtype=wp.float32)):
+    tet = wp.tid()
+    tet_materials[tet, 0] = values[tet, 0]
+    tet_materials[tet, 1] = values[tet, 1]
+
+
+@wp.kernel
+def _com_to_target(
+    particle_q: wp.array(dtype=wp.vec3),
+    per_world: int,
+    targets: wp.array(dtype=wp.vec3),
+    row: int,
+    out: wp.array3d(dtype=wp.float32),
+):
+    # One thread per world sums its particles in order (the example's atomic adds on a CPU).
+    world = wp.tid()
+    com = wp.vec3(0.0)
+    for i in range(per_world):
+        com += particle_q[world * per_world + i] / float(per_world)
+    delta = com - targets[world]
+    out[row, world, 0] = delta[0]
+    out[row, world, 1] = delta[1]
+    out[row, world, 2] = delta[2]
+
+
+class SoftBodyEnv(NewtonEnv):
+    """The diffsim soft body; see :class:`SoftBodyConfig` for the fields."""
+
+    name = "soft_body"
+    Config = SoftBodyConfig
+
+    CONTACT_KE, CONTACT_KD, CONTACT_KF, CONTACT_MU = 1.0e3, 1.0, 0.0, 0.2
+
+    def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
+        super().__init__(config, device=device, **fields)
+        self.dt = self.config.dt
+        self._built_materials = self.model.tet_materials.numpy()[:, :2].copy()  # where training starts
+        rng = host_rng(self.config.seed)
+        spread = self.config.target_spread
+        targets = np.asarray(self.config.target, np.float32) + rng.uniform(-spread, spread, (self.world_count, 3))
+        self.targets = wp.array(targets.astype(np.float32), dtype=wp.vec3, device=self.device)
+        self.collision_pipeline = newton.CollisionPipeline(
+            self.model, broad_phase="explicit", soft_contact_gap=0.001, requires_grad=True
+        )
+        count = self.horizon if self.config.per_step_contacts else 1
+        self.contacts = [self.collision_pipeline.contacts() for _ in range(count)]
+
+    def build_model(self) -> newton.Model:
+        cells, cell_size, total_mass = self.config.CELLS, 0.1, 0.2
+        particle_mass = total_mass / (cells + 1) ** 3
+        young, poisson = 1.5e4, 0.3
+        scene = newton.ModelBuilder()
+        scene.default_particle_radius = 0.0005
+        scene.add_soft_grid(
+            pos=wp.vec3(-0.5 * cell_size * cells, -0.5, 1.0),
+            rot=wp.quat_identity(),
+            vel=wp.vec3(0.0, 6.0, -6.0),
+            dim_x=cells,
+            dim_y=cells,
+            dim_z=cells,
+            cell_x=cell_size,
+            cell_y=cell_size,
+            cell_z=cell_size,
+            density=particle_mass / cell_size**3,
+            k_mu=0.5 * young / (1.0 + poisson),
+            k_lambda=young * poisson / ((1.0 + poisson) * (1.0 - 2.0 * poisson)),
+            k_damp=0.0,
+            tri_ke=1e-4,
+            tri_ka=1e-4,
+            tri_kd=1e-4,
+            tri_drag=0.0,
+            tri_lift=0.0,
+            fix_bottom=False,
+        )
+        cfg = newton.ModelBuilder.ShapeConfig(
+            ke=self.CONTACT_KE, kf=self.CONTACT_KF, kd=self.CONTACT_KD, mu=self.CONTACT_MU
+        )
+        scene.add_shape_box(
+            body=-1, xform=wp.transform(wp.vec3(0.0, 2.0, 1.0), wp.quat_identity()), hx=1.0, hy=0.25, hz=1.0, cfg=cfg
+        )
+        scene.add_ground_plane(cfg=cfg)
+        if self.world_count > 1:
+            worlds = newton.ModelBuilder()
+            worlds.replicate(scene, self.world_count, spacing=(0.0, 0.0, 0.0))
+            scene = worlds
+        model = scene.finalize(device=self.device, requires_grad=True)
+        if model.tet_count != self.config.tets_per_world * self.world_count:
+            raise RuntimeError(
+                f"add_soft_grid made {model.tet_count} tetrahedra, expected {self.config.tets_per_world}"
+            )
+        model.soft_contact_ke = self.CONTACT_KE
+        model.soft_contact_kf = self.CONTACT_KF
+        model.soft_contact_kd = self.CONTACT_KD
+        model.soft_contact_mu = self.CONTACT_MU
+        model.soft_contact_restitution = 1.0
+        return model
+
+    def build_solver(self) -> newton.solvers.SolverSemiImplicit:
+        return newton.solvers.SolverSemiImplicit(self.model)
+
+    def contacts_at(self, t: int) -> newton.Contacts:
+        return self.contacts[t if self.config.per_step_contacts else 0]
+
+    def step(self, t: int) -> None:
+        # Collide inside the rollout, as the example does: the contact points follow the
+        # current positions, and the gradient flows through them too.
+        self.state(t).clear_forces()
+        self.collision_pipeline.collide(self.state(t), self.contacts_at(t))
+        self.solver.step(self.state(t), self.state(t + 1), self.control, self.contacts_at(t), self.dt)
+
+    def extra_arrays(self) -> list[wp.array]:
+        return [value for c in self.contacts for value in vars(c).values() if isinstance(value, wp.array)]
+
+    def quantity_value(self, name: str) -> np.ndarray:
+        if name != "materials":
+            return super().quantity_value(name)
+        return self._built_materials.copy()
+
+    def set_quantity(self, name: str, value: wp.array) -> None:
+        if name != "materials":
+            super().set_quantity(name, value)
+        wp.launch(
+            _assign_materials,
+            dim=self.model.tet_count,
+            inputs=[value],
+            outputs=[self.model.tet_materials],
+            device=self.device,
+        )
+
+    def record(self, t: int) -> None:
+        row = self.row("com_to_target", t)
+        if row is not None:
+            wp.launch(
+                _com_to_target,
+                dim=self.world_count,
+                inputs=[self.state(t + 1).particle_q, self.config.particles_per_world, self.targets, row],
+                outputs=[self.observed["com_to_target"]],
+                device=self.device,
+            )
+
+    def describe(self, trajectory: Trajectory) -> dict[str, Any]:
+        offset = trajectory["com_to_target"].numpy()[-1].astype(np.float64)
+        materials = self.model.tet_materials.numpy()[:, :2]
+        return {
+            "final_com_distance_to_target_m": np.round(np.linalg.norm(offset, axis=1), 4).tolist(),
+            "mu_pa": [float(materials[:, 0].min()), float(materials[:, 0].max())],
+            "lambda_pa": [float(materials[:, 1].min()), float(materials[:, 1].max())],
+        }

@@ -1,0 +1,144 @@
+"""Newton's diffsim spring cage: tune eight springs so that the particle they hold reaches a target.
+
+A port of ``newton/examples/diffsim/example_diffsim_spring_cage.py`` (newton 1.8): one
+particle of 1 kg at the origin held by eight springs (stiffness 100 N/m, damping 10 N s/m)
+to eight fixed anchors (mass 0), ``SolverSemiImplicit`` at dt = 1/30 s for 30 steps,
+gravity on. The trained quantity is the springs' rest lengths (``task=physical``), which
+start at the particle-anchor distances; the default loss is the example's, the squared
+distance of the particle's final position to the target (0.375, 0.125, 0.25) m.
+
+The example keeps rest lengths free; this port keeps them positive (a lower bound of
+1e-3 m), which the example's run never reaches. With ``world_count`` above 1 every world is
+a copy of the cage (Newton's ``replicate``) with its own target, the example's moved by a
+uniform draw from [-target_spread, target_spread] m per axis (seeded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import newton
+import numpy as np
+import warp as wp
+
+from harness.env import EnvConfig, Quantity, Trajectory, host_rng
+from harness.newton_env import NewtonEnv, NewtonEnvConfig
+from harness.schema import field
+
+ANCHORS = (
+    (0.2, -0.7, 0.8),
+    (1.1, 0.0, 0.2),
+    (-1.2, 0.1, 0.1),
+    (0.4, 0.6, 0.4),
+    (-0.2, 0.7, -0.9),
+    (0.1, -0.8, -0.8),
+    (-0.8, -0.9, 0.2),
+    (-0.1, 1.0, 0.4),
+)
+"""The fixed ends of the springs [m], as in the example."""
+
+MIN_REST_LENGTH = 1.0e-3
+"""Smallest rest length a spring may be given [m]."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpringCageConfig(NewtonEnvConfig):
+    """``configs/env/spring_cage.yaml``."""
+
+    horizon: int = field(30, minimum=1, doc="simulation steps (the example: 30 frames of 1/30 s)")
+    world_count: int = field(1, minimum=1, doc="copies of the cage, each with its own target")
+    dt: float = field(1.0 / 30.0, minimum=0.0, strict=True, doc="time step [s]")
+    target: tuple[float, ...] = field((0.375, 0.125, 0.25), length=3, doc="target of the particle [m]")
+    target_spread: float = field(0.0, minimum=0.0, doc="per-world targets drawn from target +- spread [m]")
+    stiffness: float = field(100.0, minimum=0.0, doc="spring stiffness [N/m]")
+    damping: float = field(10.0, minimum=0.0, doc="spring damping [N s/m]")
+
+    def observable_dims(self) -> dict[str, int]:
+        return {"to_target": 3}
+
+    def quantities(self) -> dict[str, Quantity]:
+        shape = (self.world_count * len(ANCHORS),)
+        return {
+            "rest_length": Quantity(
+                shape, lower=MIN_REST_LENGTH, unit="m", doc="rest length of every spring, world by world"
+            )
+        }
+
+    def default_quantities(self, kind: str) -> list[str]:
+        return ["rest_length"] if kind == "physical" else []
+
+
+@wp.kernel
+def _particle_to_target(
+    particle_q: wp.array(dtype=wp.vec3),
+    per_world: int,
+    targets: wp.array(dtype=wp.vec3),
+    row: int,
+    out: wp.array3d(dtype=wp.float32),
+):
+    world = wp.tid()
+    delta = particle_q[world * per_world] - targets[world]  # the held particle is each world's first
+    out[row, world, 0] = delta[0]
+    out[row, world, 1] = delta[1]
+    out[row, world, 2] = delta[2]
+
+
+class SpringCageEnv(NewtonEnv):
+    """The diffsim spring cage; see :class:`SpringCageConfig` for the fields."""
+
+    name = "spring_cage"
+    Config = SpringCageConfig
+
+    def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
+        super().__init__(config, device=device, **fields)
+        self.dt = self.config.dt
+        self._built_rest_length = self.model.spring_rest_length.numpy().copy()  # where training starts
+        rng = host_rng(self.config.seed)
+        spread = self.config.target_spread
+        targets = np.asarray(self.config.target, np.float32) + rng.uniform(-spread, spread, (self.world_count, 3))
+        self.targets = wp.array(targets.astype(np.float32), dtype=wp.vec3, device=self.device)
+
+    def build_model(self) -> newton.Model:
+        scene = newton.ModelBuilder()
+        scene.add_particle((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), 1.0)
+        for anchor in ANCHORS:
+            scene.add_particle(anchor, (0.0, 0.0, 0.0), 0.0)
+        for i in range(1, scene.particle_count):
+            scene.add_spring(0, i, self.config.stiffness, self.config.damping, 0)
+        if self.world_count > 1:
+            worlds = newton.ModelBuilder()
+            worlds.replicate(scene, self.world_count, spacing=(0.0, 0.0, 0.0))
+            scene = worlds
+        return scene.finalize(device=self.device, requires_grad=True)
+
+    def build_solver(self) -> newton.solvers.SolverSemiImplicit:
+        return newton.solvers.SolverSemiImplicit(self.model)
+
+    def quantity_value(self, name: str) -> np.ndarray:
+        if name != "rest_length":
+            return super().quantity_value(name)
+        return self._built_rest_length.copy()
+
+    def set_quantity(self, name: str, value: wp.array) -> None:
+        if name != "rest_length":
+            super().set_quantity(name, value)
+        wp.copy(self.model.spring_rest_length, value)
+
+    def record(self, t: int) -> None:
+        row = self.row("to_target", t)
+        if row is not None:
+            wp.launch(
+                _particle_to_target,
+                dim=self.world_count,
+                inputs=[self.state(t + 1).particle_q, len(ANCHORS) + 1, self.targets, row],
+                outputs=[self.observed["to_target"]],
+                device=self.device,
+            )
+
+    def describe(self, trajectory: Trajectory) -> dict[str, Any]:
+        offset = trajectory["to_target"].numpy()[-1].astype(np.float64)
+        return {
+            "final_distance_to_target_m": np.round(np.linalg.norm(offset, axis=1), 4).tolist(),
+            "rest_length_m": np.round(self.model.spring_rest_length.numpy(), 4).tolist(),
+        }
