@@ -20,11 +20,11 @@ $(TEST_STAMP): $(STAMP)
 train: $(STAMP)            ## train the cartpole with the default configuration
 	$(PY) -m harness train +env=cartpole $(ARGS)
 
-test: $(TEST_STAMP)        ## the default (fast) test suite
-	$(PY) -m pytest $(ARGS)
+test: $(TEST_STAMP)        ## the default (fast) test suite, on two workers
+	$(PY) -m pytest -n 2 $(ARGS)
 
 test-slow: $(TEST_STAMP)   ## the slow tests only (full default training run, long horizons)
-	$(PY) -m pytest -m slow $(ARGS)
+	$(PY) -m pytest -n 2 -m slow $(ARGS)
 
 gradcheck: $(STAMP)
 	$(PY) -m harness gradcheck +env=cartpole env.horizon=120

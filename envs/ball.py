@@ -28,7 +28,7 @@ import numpy as np
 import warp as wp
 
 from harness.env import EnvConfig, Quantity, Trajectory, host_rng
-from harness.newton_env import NewtonEnv, NewtonEnvConfig
+from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds
 from harness.schema import field
 
 
@@ -103,11 +103,7 @@ class BallEnv(NewtonEnv):
             body=-1, xform=wp.transform(wp.vec3(0.0, 2.0, 1.0), wp.quat_identity()), hx=1.0, hy=0.25, hz=1.0, cfg=cfg
         )
         scene.add_ground_plane(cfg=cfg)
-        if self.world_count > 1:
-            worlds = newton.ModelBuilder(up_axis=newton.Axis.Z)
-            worlds.replicate(scene, self.world_count, spacing=(0.0, 0.0, 0.0))
-            scene = worlds
-        model = scene.finalize(device=self.device, requires_grad=True)
+        model = finalize_worlds(scene, self.world_count, self.device)
         model.soft_contact_ke = self.CONTACT_KE
         model.soft_contact_kf = self.CONTACT_KF
         model.soft_contact_kd = self.CONTACT_KD

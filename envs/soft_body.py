@@ -28,7 +28,7 @@ import numpy as np
 import warp as wp
 
 from harness.env import EnvConfig, Quantity, Trajectory, host_rng
-from harness.newton_env import NewtonEnv, NewtonEnvConfig
+from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds
 from harness.schema import field
 
 LAME_BOUNDS = (500.0, 4.0e6)
@@ -63,6 +63,12 @@ class SoftBodyConfig(NewtonEnvConfig):
 
     def observable_dims(self) -> dict[str, int]:
         return {"com_to_target": 3}
+
+    def gradcheck_tolerance(self) -> float:
+        # Over 960 steps with contacts the float32 loss is rough at the scale of a central
+        # difference: steps of 10, 100, 300 and 1000 Pa give worst errors of 0.35, 0.05, 1.6
+        # and 1.4; at 100 Pa the entries above 20% of max|g| agree within 4e-3 (docs/envs.md).
+        return 6.0e-2
 
     def quantities(self) -> dict[str, Quantity]:
         return {
@@ -162,11 +168,7 @@ class SoftBodyEnv(NewtonEnv):
             body=-1, xform=wp.transform(wp.vec3(0.0, 2.0, 1.0), wp.quat_identity()), hx=1.0, hy=0.25, hz=1.0, cfg=cfg
         )
         scene.add_ground_plane(cfg=cfg)
-        if self.world_count > 1:
-            worlds = newton.ModelBuilder()
-            worlds.replicate(scene, self.world_count, spacing=(0.0, 0.0, 0.0))
-            scene = worlds
-        model = scene.finalize(device=self.device, requires_grad=True)
+        model = finalize_worlds(scene, self.world_count, self.device)
         if model.tet_count != self.config.tets_per_world * self.world_count:
             raise RuntimeError(
                 f"add_soft_grid made {model.tet_count} tetrahedra, expected {self.config.tets_per_world}"

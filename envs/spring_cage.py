@@ -23,7 +23,7 @@ import numpy as np
 import warp as wp
 
 from harness.env import EnvConfig, Quantity, Trajectory, host_rng
-from harness.newton_env import NewtonEnv, NewtonEnvConfig
+from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds
 from harness.schema import field
 
 ANCHORS = (
@@ -106,11 +106,7 @@ class SpringCageEnv(NewtonEnv):
             scene.add_particle(anchor, (0.0, 0.0, 0.0), 0.0)
         for i in range(1, scene.particle_count):
             scene.add_spring(0, i, self.config.stiffness, self.config.damping, 0)
-        if self.world_count > 1:
-            worlds = newton.ModelBuilder()
-            worlds.replicate(scene, self.world_count, spacing=(0.0, 0.0, 0.0))
-            scene = worlds
-        return scene.finalize(device=self.device, requires_grad=True)
+        return finalize_worlds(scene, self.world_count, self.device)
 
     def build_solver(self) -> newton.solvers.SolverSemiImplicit:
         return newton.solvers.SolverSemiImplicit(self.model)

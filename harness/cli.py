@@ -146,10 +146,11 @@ def gradcheck_command(cfg: DictConfig) -> None:
         run.loss,
         samples=int(gc.samples),
         eps=None if gc.eps is None else float(gc.eps),
-        tolerance=float(gc.tolerance),
+        tolerance=run.env.config.gradcheck_tolerance() if gc.tolerance is None else float(gc.tolerance),
         atol_fraction=float(gc.atol_fraction),
         seed=int(gc.seed),
         device=run.settings.device,
+        task=run.task,
     )
     print(result.table(params))
     verdict = "ok" if result.passed else "FAILED"

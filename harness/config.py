@@ -172,18 +172,31 @@ def check_env_fields(cfg: DictConfig) -> tuple[Any, Any]:
     fields = OmegaConf.to_container(cfg.env, resolve=True)
     target = fields.pop("_target_", None)
     try:
-        env_class = hydra.utils.get_class(target)
+        env_class = _import_object(str(target))
     except Exception as exc:
-        cause = exc.__cause__ or exc
-        raise ConfigError(
-            f"env._target_: cannot import '{target}' ({type(cause).__name__}: {_first_line(cause)})"
-        ) from None
+        cause = f"{type(exc).__name__}: {_first_line(exc)}"
+        raise ConfigError(f"env._target_: cannot import '{target}' ({cause})") from None
     if not (isinstance(env_class, type) and issubclass(env_class, Env)):
         raise ConfigError(f"env._target_: '{target}' is not a harness.env.Env subclass")
     try:
         return env_class, build(env_class.Config, fields, prefix="env")
     except SchemaError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _import_object(path: str) -> Any:
+    """The object a dotted path names (``package.module.Class``), imported quietly (Hydra's
+    ``get_class`` logs the failure before raising, which would print more than one line)."""
+    import importlib
+
+    module_name, _, attribute = path.rpartition(".")
+    if not module_name:
+        raise ImportError(f"'{path}' is not a dotted path module.Class")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise ImportError(f"module '{module_name}' has no attribute '{attribute}'") from None
 
 
 def _check_capture(value: Any) -> bool | str:

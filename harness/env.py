@@ -130,6 +130,12 @@ class EnvConfig:
         """A central finite-difference step for an action entry, in the action's units."""
         return 1.0
 
+    def gradcheck_tolerance(self) -> float:
+        """The largest relative error ``python -m harness gradcheck`` accepts for this env
+        unless ``gradcheck.tolerance`` is given: 1e-2, or more for an env whose loss is too
+        rough at float32 for central differences to be more exact (say why where you raise it)."""
+        return 1.0e-2
+
     def quantities(self) -> dict[str, Quantity]:
         """The physical quantities a task may train, by name."""
         return {}

@@ -27,7 +27,7 @@ import warp as wp
 from harness.env import Env, EnvConfig, Trajectory, array_grads
 from harness.schema import field
 
-__all__ = ["NewtonEnv", "NewtonEnvConfig"]
+__all__ = ["NewtonEnv", "NewtonEnvConfig", "finalize_worlds"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -140,3 +140,25 @@ class NewtonEnv(Env):
         for array in (*self.initial.values(), *self.observed.values(), *self.extra_arrays()):
             if array.grad is not None:
                 array.grad.zero_()
+
+
+def finalize_worlds(scene: Any, world_count: int, device: wp.context.Devicelike) -> Any:
+    """Finalize a one-world ``newton.ModelBuilder`` scene as ``world_count`` independent copies.
+
+    The copies overlap (Newton's ``replicate`` at spacing 0), so targets, observables and
+    positions read the same in every world. Newton 1.8's particle-particle contact in
+    ``SolverSemiImplicit`` (its hash grid) does not know worlds: coincident particles of two
+    copies would push each other (and give NaN at distance 0). With more than one world it is
+    switched off (``model.particle_grid = None``); tests/test_envs.py checks, env by env, that
+    every world then steps exactly as the one-world scene does.
+    """
+    import newton
+
+    if world_count > 1:
+        worlds = newton.ModelBuilder(up_axis=scene.up_axis)
+        worlds.replicate(scene, world_count, spacing=(0.0, 0.0, 0.0))
+        scene = worlds
+    model = scene.finalize(device=device, requires_grad=True)
+    if world_count > 1:
+        model.particle_grid = None
+    return model

@@ -67,6 +67,11 @@ class TrainQuantities(Task):
             )
         for name in names:
             q = offered[name]
+            if not q.lower <= q.upper:  # also refuses nan
+                raise ValueError(
+                    f"env: quantity '{name}' has lower bound {q.lower:g} above its upper bound {q.upper:g}; "
+                    "accepted: lower <= upper"
+                )
             lo, hi = max(q.lower, self.lower), min(q.upper, self.upper)
             if not lo <= hi:
                 raise ValueError(

@@ -30,12 +30,14 @@ __all__ = ["Checkpointer", "HParamsRecord", "ProgressLine", "SignalStop", "Tenso
 
 def run_identity(loop_or_step: Any) -> dict[str, Any]:
     """What a checkpoint must share with the run that resumes it: the env, the parameter
-    layout and the optimizer, schedule and clip policy (by name)."""
+    layout (name, shape, dtype and bounds of every parameter) and the optimizer, schedule
+    and clip policy (by name)."""
     step = getattr(loop_or_step, "step", loop_or_step)
     return {
         "env": step.env.name,
         "layout": [
-            [s.name, list(s.shape), getattr(s.dtype, "__name__", str(s.dtype))] for s in step.state.params.specs
+            [s.name, list(s.shape), getattr(s.dtype, "__name__", str(s.dtype)), s.lower, s.upper]
+            for s in step.state.params.specs
         ],
         "optimizer": step.optimizer.name,
         "schedule": step.schedule.name,
@@ -70,7 +72,7 @@ class Checkpointer(Callback):
             saved,
             path,
             env=identity["env"],
-            shapes={name: shape for name, shape, _ in identity["layout"]},
+            shapes={name: shape for name, shape, *_ in identity["layout"]},
             iterations=loop.settings.iterations,
             components={key: identity[key] for key in ("layout", "optimizer", "schedule", "clip")},
         )
