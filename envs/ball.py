@@ -27,8 +27,8 @@ import newton
 import numpy as np
 import warp as wp
 
-from harness.env import EnvConfig, Quantity, Trajectory, host_rng
-from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds
+from harness.env import EnvConfig, Quantity, Trajectory
+from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds, world_targets
 from harness.schema import field
 
 
@@ -57,20 +57,6 @@ class BallConfig(NewtonEnvConfig):
         return ["initial_velocity"] if kind == "initial" else []
 
 
-@wp.kernel
-def _to_target(
-    particle_q: wp.array(dtype=wp.vec3),
-    targets: wp.array(dtype=wp.vec3),
-    row: int,
-    out: wp.array3d(dtype=wp.float32),
-):
-    world = wp.tid()
-    delta = particle_q[world] - targets[world]
-    out[row, world, 0] = delta[0]
-    out[row, world, 1] = delta[1]
-    out[row, world, 2] = delta[2]
-
-
 class BallEnv(NewtonEnv):
     """The diffsim ball; see :class:`BallConfig` for the fields."""
 
@@ -83,10 +69,8 @@ class BallEnv(NewtonEnv):
         super().__init__(config, device=device, **fields)
         self.dt = self.config.dt
         self._built_velocity = self.initial["particle_qd"].numpy().copy()  # where training starts
-        rng = host_rng(self.config.seed)
-        spread = self.config.target_spread
-        targets = np.asarray(self.config.target, np.float32) + rng.uniform(-spread, spread, (self.world_count, 3))
-        self.targets = wp.array(targets.astype(np.float32), dtype=wp.vec3, device=self.device)
+        cfg = self.config
+        self.targets = world_targets(cfg.target, cfg.target_spread, self.world_count, cfg.seed, self.device)
         self.collision_pipeline = newton.CollisionPipeline(
             self.model, broad_phase="explicit", soft_contact_gap=10.0, requires_grad=True
         )
@@ -131,15 +115,7 @@ class BallEnv(NewtonEnv):
         wp.copy(self.initial["particle_qd"], value)
 
     def record(self, t: int) -> None:
-        row = self.row("to_target", t)
-        if row is not None:
-            wp.launch(
-                _to_target,
-                dim=self.world_count,
-                inputs=[self.state(t + 1).particle_q, self.targets, row],
-                outputs=[self.observed["to_target"]],
-                device=self.device,
-            )
+        self.record_offset("to_target", t, self.targets, per_world=1, count=1)
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
         offset = trajectory["to_target"].numpy()[-1].astype(np.float64)

@@ -27,8 +27,8 @@ import newton
 import numpy as np
 import warp as wp
 
-from harness.env import EnvConfig, Quantity, Trajectory, host_rng
-from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds
+from harness.env import EnvConfig, Quantity, Trajectory
+from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds, world_targets
 from harness.schema import field
 
 LAME_BOUNDS = (500.0, 4.0e6)
@@ -93,25 +93,6 @@ def _assign_materials(values: wp.array2d(dtype=wp.float32), tet_materials: wp.ar
     tet_materials[tet, 1] = values[tet, 1]
 
 
-@wp.kernel
-def _com_to_target(
-    particle_q: wp.array(dtype=wp.vec3),
-    per_world: int,
-    targets: wp.array(dtype=wp.vec3),
-    row: int,
-    out: wp.array3d(dtype=wp.float32),
-):
-    # One thread per world sums its particles in order (the example's atomic adds on a CPU).
-    world = wp.tid()
-    com = wp.vec3(0.0)
-    for i in range(per_world):
-        com += particle_q[world * per_world + i] / float(per_world)
-    delta = com - targets[world]
-    out[row, world, 0] = delta[0]
-    out[row, world, 1] = delta[1]
-    out[row, world, 2] = delta[2]
-
-
 class SoftBodyEnv(NewtonEnv):
     """The diffsim soft body; see :class:`SoftBodyConfig` for the fields."""
 
@@ -124,10 +105,8 @@ class SoftBodyEnv(NewtonEnv):
         super().__init__(config, device=device, **fields)
         self.dt = self.config.dt
         self._built_materials = self.model.tet_materials.numpy()[:, :2].copy()  # where training starts
-        rng = host_rng(self.config.seed)
-        spread = self.config.target_spread
-        targets = np.asarray(self.config.target, np.float32) + rng.uniform(-spread, spread, (self.world_count, 3))
-        self.targets = wp.array(targets.astype(np.float32), dtype=wp.vec3, device=self.device)
+        cfg = self.config
+        self.targets = world_targets(cfg.target, cfg.target_spread, self.world_count, cfg.seed, self.device)
         self.collision_pipeline = newton.CollisionPipeline(
             self.model, broad_phase="explicit", soft_contact_gap=0.001, requires_grad=True
         )
@@ -213,15 +192,13 @@ class SoftBodyEnv(NewtonEnv):
         )
 
     def record(self, t: int) -> None:
-        row = self.row("com_to_target", t)
-        if row is not None:
-            wp.launch(
-                _com_to_target,
-                dim=self.world_count,
-                inputs=[self.state(t + 1).particle_q, self.config.particles_per_world, self.targets, row],
-                outputs=[self.observed["com_to_target"]],
-                device=self.device,
-            )
+        self.record_offset(
+            "com_to_target",
+            t,
+            self.targets,
+            per_world=self.config.particles_per_world,
+            count=self.config.particles_per_world,
+        )
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
         offset = trajectory["com_to_target"].numpy()[-1].astype(np.float64)

@@ -22,8 +22,8 @@ import newton
 import numpy as np
 import warp as wp
 
-from harness.env import EnvConfig, Quantity, Trajectory, host_rng
-from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds
+from harness.env import EnvConfig, Quantity, Trajectory
+from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds, world_targets
 from harness.schema import field
 
 ANCHORS = (
@@ -69,21 +69,6 @@ class SpringCageConfig(NewtonEnvConfig):
         return ["rest_length"] if kind == "physical" else []
 
 
-@wp.kernel
-def _particle_to_target(
-    particle_q: wp.array(dtype=wp.vec3),
-    per_world: int,
-    targets: wp.array(dtype=wp.vec3),
-    row: int,
-    out: wp.array3d(dtype=wp.float32),
-):
-    world = wp.tid()
-    delta = particle_q[world * per_world] - targets[world]  # the held particle is each world's first
-    out[row, world, 0] = delta[0]
-    out[row, world, 1] = delta[1]
-    out[row, world, 2] = delta[2]
-
-
 class SpringCageEnv(NewtonEnv):
     """The diffsim spring cage; see :class:`SpringCageConfig` for the fields."""
 
@@ -94,10 +79,8 @@ class SpringCageEnv(NewtonEnv):
         super().__init__(config, device=device, **fields)
         self.dt = self.config.dt
         self._built_rest_length = self.model.spring_rest_length.numpy().copy()  # where training starts
-        rng = host_rng(self.config.seed)
-        spread = self.config.target_spread
-        targets = np.asarray(self.config.target, np.float32) + rng.uniform(-spread, spread, (self.world_count, 3))
-        self.targets = wp.array(targets.astype(np.float32), dtype=wp.vec3, device=self.device)
+        cfg = self.config
+        self.targets = world_targets(cfg.target, cfg.target_spread, self.world_count, cfg.seed, self.device)
 
     def build_model(self) -> newton.Model:
         scene = newton.ModelBuilder()
@@ -122,15 +105,7 @@ class SpringCageEnv(NewtonEnv):
         wp.copy(self.model.spring_rest_length, value)
 
     def record(self, t: int) -> None:
-        row = self.row("to_target", t)
-        if row is not None:
-            wp.launch(
-                _particle_to_target,
-                dim=self.world_count,
-                inputs=[self.state(t + 1).particle_q, len(ANCHORS) + 1, self.targets, row],
-                outputs=[self.observed["to_target"]],
-                device=self.device,
-            )
+        self.record_offset("to_target", t, self.targets, per_world=len(ANCHORS) + 1, count=1)
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
         offset = trajectory["to_target"].numpy()[-1].astype(np.float64)

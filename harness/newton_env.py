@@ -22,12 +22,13 @@ import abc
 import dataclasses
 from typing import Any, ClassVar
 
+import numpy as np
 import warp as wp
 
-from harness.env import Env, EnvConfig, Trajectory, array_grads
+from harness.env import Env, EnvConfig, Trajectory, array_grads, host_rng
 from harness.schema import field
 
-__all__ = ["NewtonEnv", "NewtonEnvConfig", "finalize_worlds"]
+__all__ = ["NewtonEnv", "NewtonEnvConfig", "finalize_worlds", "world_targets"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,6 +38,27 @@ class NewtonEnvConfig(EnvConfig):
     per_step_states: bool = field(
         True, doc="one State per step; false steps two States in turn (wrong gradients, kept to show it)"
     )
+
+
+@wp.kernel
+def _particles_to_target(
+    particle_q: wp.array(dtype=wp.vec3),
+    per_world: int,
+    count: int,
+    targets: wp.array(dtype=wp.vec3),
+    row: int,
+    out: wp.array3d(dtype=wp.float32),
+):
+    # One thread per world averages its first `count` particles in order: the same sum on
+    # every run and device (count 1: the particle's own position, exactly).
+    world = wp.tid()
+    mean = wp.vec3(0.0)
+    for i in range(count):
+        mean += particle_q[world * per_world + i] / float(count)
+    delta = mean - targets[world]
+    out[row, world, 0] = delta[0]
+    out[row, world, 1] = delta[1]
+    out[row, world, 2] = delta[2]
 
 
 class NewtonEnv(Env):
@@ -117,6 +139,20 @@ class NewtonEnv(Env):
             return 0
         return None
 
+    def record_offset(self, name: str, t: int, targets: wp.array, *, per_world: int, count: int) -> None:
+        """Record observable ``name`` at step ``t`` (when requested): the mean position of the
+        first ``count`` particles of each world (``per_world`` particles apart) minus the
+        world's target."""
+        row = self.row(name, t)
+        if row is not None:
+            wp.launch(
+                _particles_to_target,
+                dim=self.world_count,
+                inputs=[self.state(t + 1).particle_q, per_world, count, targets, row],
+                outputs=[self.observed[name]],
+                device=self.device,
+            )
+
     def reset(self) -> None:
         first = self.state(0)
         for name in self.state_fields:
@@ -162,3 +198,12 @@ def finalize_worlds(scene: Any, world_count: int, device: wp.context.Devicelike)
     if world_count > 1:
         model.particle_grid = None
     return model
+
+
+def world_targets(
+    target: tuple[float, ...], spread: float, world_count: int, seed: int, device: wp.context.Devicelike
+) -> wp.array:
+    """One target per world: ``target`` moved by a seeded uniform draw from ``[-spread, spread]``
+    per axis (exactly ``target`` for every world when ``spread`` is 0)."""
+    draw = host_rng(seed).uniform(-spread, spread, (world_count, len(target)))
+    return wp.array((np.asarray(target, np.float32) + draw).astype(np.float32), dtype=wp.vec3, device=device)
