@@ -26,7 +26,7 @@ def test_the_built_wheel_trains_the_cartpole_outside_the_checkout(tmp_path):
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        assert "harness/configs/train.yaml" in names and "harness/configs/optim/env/cloth.yaml" in names
+        assert "harness/configs/train.yaml" in names and "harness/configs/optim/env/spring_cage.yaml" in names
         archive.extractall(site)
     work = tmp_path / "work"
     work.mkdir()
