@@ -61,3 +61,21 @@ def test_the_built_wheel_trains_the_cartpole_outside_the_checkout(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((work / "run" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["iterations_done"] == 3
+
+
+def test_the_library_never_imports_the_bundled_envs():
+    modules = [
+        "harness",
+        "harness.cli",
+        "harness.config",
+        "harness.env",
+        "harness.newton_env",
+        "harness.tasks",
+        "harness.training",
+        "harness.gradcheck",
+    ]
+    code = (
+        f"import sys; import {', '.join(modules)}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'envs'))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]", proc.stdout
