@@ -1,7 +1,7 @@
 """The Newton diffsim ports against Newton's own example loops, per training iteration.
 
-For each env: Newton's ``Example`` (built with ``ViewerNull``, one ``step()`` = forward,
-backward and its gradient step; on a CPU device the examples do not capture) against the
+For each env: Newton's ``Example`` (built with ``ViewerNull``; one ``step()`` launches its
+captured forward + backward graph, on the CPU too, then takes its gradient step) against the
 harness with the example's optimiser (``optim=sgd optim.lr=<the example's> optim.momentum=0
 clip=none``), eager and with one captured graph per iteration. Both run the same number of
 frames (``--frames``; default: the example's own). Each contender is warmed up (kernels
@@ -32,12 +32,17 @@ def example(name: str, frames: int | None):
 
     module = importlib.import_module(f"newton.examples.diffsim.example_diffsim_{name}")
     args = module.Example.create_parser().parse_args(["--viewer", "null", "--device", "cpu"])
-    if frames is not None:
+    capture = module.Example.capture
+    if frames is not None:  # build without a graph, shorten, then capture the shortened loop
         module.Example.capture = lambda self: setattr(self, "graph", None)
-    ex = module.Example(newton.viewer.ViewerNull(num_frames=10**9), args)
+    try:
+        ex = module.Example(newton.viewer.ViewerNull(num_frames=10**9), args)
+    finally:
+        module.Example.capture = capture
     if frames is not None:
         ex.sim_steps = frames
         ex.states = ex.states[: frames * ex.sim_substeps + 1]
+        ex.capture()
     return ex, ex.sim_steps * ex.sim_substeps
 
 
