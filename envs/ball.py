@@ -21,7 +21,7 @@ uniform draw from [-target_spread, target_spread] m per axis (seeded).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import newton
 import numpy as np
@@ -62,13 +62,13 @@ class BallEnv(NewtonEnv):
 
     name = "ball"
     Config = BallConfig
+    initial_quantities: ClassVar[dict[str, str]] = {"initial_velocity": "particle_qd"}  # task=initial trains it
 
     CONTACT_KE, CONTACT_KD, CONTACT_KF, CONTACT_MU = 1.0e4, 1.0e1, 0.0, 0.2
 
     def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
         super().__init__(config, device=device, **fields)
         self.dt = self.config.dt
-        self._built_velocity = self.initial["particle_qd"].numpy().copy()  # where training starts
         cfg = self.config
         self.targets = world_targets(cfg.target, cfg.target_spread, self.world_count, cfg.seed, self.device)
         self.collision_pipeline = newton.CollisionPipeline(
@@ -103,16 +103,6 @@ class BallEnv(NewtonEnv):
 
     def extra_arrays(self) -> list[wp.array]:
         return [value for value in vars(self.contacts).values() if isinstance(value, wp.array)]
-
-    def quantity_value(self, name: str) -> np.ndarray:
-        if name != "initial_velocity":
-            return super().quantity_value(name)
-        return self._built_velocity.copy()
-
-    def set_quantity(self, name: str, value: wp.array) -> None:
-        if name != "initial_velocity":
-            super().set_quantity(name, value)
-        wp.copy(self.initial["particle_qd"], value)
 
     def record(self, t: int) -> None:
         self.record_offset("to_target", t, self.targets, per_world=1, count=1)

@@ -16,7 +16,7 @@ target_spread] m per axis (seeded).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import newton
 import numpy as np
@@ -64,11 +64,11 @@ class ClothEnv(NewtonEnv):
 
     name = "cloth"
     Config = ClothConfig
+    initial_quantities: ClassVar[dict[str, str]] = {"initial_velocity": "particle_qd"}  # task=initial trains it
 
     def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
         super().__init__(config, device=device, **fields)
         self.dt = self.config.dt
-        self._built_velocity = self.initial["particle_qd"].numpy().copy()  # where training starts
         cfg = self.config
         self.targets = world_targets(cfg.target, cfg.target_spread, self.world_count, cfg.seed, self.device)
 
@@ -97,16 +97,6 @@ class ClothEnv(NewtonEnv):
         solver = newton.solvers.SolverSemiImplicit(self.model)
         solver.enable_tri_contact = False
         return solver
-
-    def quantity_value(self, name: str) -> np.ndarray:
-        if name != "initial_velocity":
-            return super().quantity_value(name)
-        return self._built_velocity.copy()
-
-    def set_quantity(self, name: str, value: wp.array) -> None:
-        if name != "initial_velocity":
-            super().set_quantity(name, value)
-        wp.copy(self.initial["particle_qd"], value)
 
     def record(self, t: int) -> None:
         self.record_offset(

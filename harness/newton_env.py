@@ -72,6 +72,9 @@ class NewtonEnv(Env):
         state_fields: The State arrays that make up the simulation state (what ``reset``
             writes, what the adjoint clip and segment restore see), e.g.
             ``("particle_q", "particle_qd")``.
+        initial_quantities: Quantities that are a field of the initial state, by name, e.g.
+            ``{"initial_velocity": "particle_qd"}``: their start value is the field as built,
+            and ``set_quantity`` copies into :attr:`initial` (``task=initial`` trains them).
         model: The Newton model; solver: the solver; states: the States of a rollout.
         initial: The initial state, by field (quantities of the initial state write here).
         observed: The recorded observables, by name, ``(rows, world_count, dim)``.
@@ -79,6 +82,7 @@ class NewtonEnv(Env):
 
     Config: ClassVar[type[EnvConfig]] = NewtonEnvConfig
     state_fields: ClassVar[tuple[str, ...]] = ("particle_q", "particle_qd")
+    initial_quantities: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
         super().__init__(config, device=device, **fields)
@@ -87,6 +91,7 @@ class NewtonEnv(Env):
         count = self.horizon + 1 if self.config.per_step_states else 2
         self.states = [self.model.state(requires_grad=True) for _ in range(count)]
         self.initial = {name: wp.clone(getattr(self.states[0], name), requires_grad=True) for name in self.state_fields}
+        self._built_initial = {name: self.initial[f].numpy().copy() for name, f in self.initial_quantities.items()}
         self.control = self.model.control()
         self.observed: dict[str, wp.array] = {}
         self.request(self._wanted)
@@ -152,6 +157,17 @@ class NewtonEnv(Env):
                 outputs=[self.observed[name]],
                 device=self.device,
             )
+
+    def quantity_value(self, name: str) -> np.ndarray:
+        if name in self._built_initial:
+            return self._built_initial[name].copy()
+        return super().quantity_value(name)
+
+    def set_quantity(self, name: str, value: wp.array) -> None:
+        if name not in self.initial_quantities:
+            super().set_quantity(name, value)
+            return
+        wp.copy(self.initial[self.initial_quantities[name]], value)
 
     def reset(self) -> None:
         first = self.state(0)
