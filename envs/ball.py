@@ -27,6 +27,7 @@ import newton
 import numpy as np
 import warp as wp
 
+from envs.walls import ContactMaterial, add_wall_and_ground, set_soft_contact
 from harness.env import EnvConfig, Quantity, Trajectory
 from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds, world_targets
 from harness.schema import field
@@ -64,7 +65,7 @@ class BallEnv(NewtonEnv):
     Config = BallConfig
     initial_quantities: ClassVar[dict[str, str]] = {"initial_velocity": "particle_qd"}  # task=initial trains it
 
-    CONTACT_KE, CONTACT_KD, CONTACT_KF, CONTACT_MU = 1.0e4, 1.0e1, 0.0, 0.2
+    CONTACT = ContactMaterial(ke=1.0e4, kd=1.0e1, kf=0.0, mu=0.2)
 
     def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
         super().__init__(config, device=device, **fields)
@@ -78,21 +79,11 @@ class BallEnv(NewtonEnv):
         self.collision_pipeline.collide(self.state(0), self.contacts)
 
     def build_model(self) -> newton.Model:
-        cfg = newton.ModelBuilder.ShapeConfig(
-            ke=self.CONTACT_KE, kf=self.CONTACT_KF, kd=self.CONTACT_KD, mu=self.CONTACT_MU
-        )
         scene = newton.ModelBuilder(up_axis=newton.Axis.Z)
         scene.add_particle(pos=wp.vec3(0.0, -0.5, 1.0), vel=wp.vec3(*self.config.initial_velocity), mass=1.0)
-        scene.add_shape_box(
-            body=-1, xform=wp.transform(wp.vec3(0.0, 2.0, 1.0), wp.quat_identity()), hx=1.0, hy=0.25, hz=1.0, cfg=cfg
-        )
-        scene.add_ground_plane(cfg=cfg)
+        add_wall_and_ground(scene, self.CONTACT)
         model = finalize_worlds(scene, self.world_count, self.device)
-        model.soft_contact_ke = self.CONTACT_KE
-        model.soft_contact_kf = self.CONTACT_KF
-        model.soft_contact_kd = self.CONTACT_KD
-        model.soft_contact_mu = self.CONTACT_MU
-        model.soft_contact_restitution = 1.0
+        set_soft_contact(model, self.CONTACT)
         return model
 
     def build_solver(self) -> newton.solvers.SolverSemiImplicit:
