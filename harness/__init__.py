@@ -2,9 +2,13 @@
 
 Modules: ``params`` (flat parameter/gradient buffers), ``stats`` (gradient statistics on
 the device), ``clip`` (clip policies), ``optim`` (optimizers), ``losses`` (loss terms),
-``trainer`` (the loop), ``runlog`` (TensorBoard and progress line), ``gradcheck``
+``env`` and ``newton_env`` (the env interface), ``tasks`` (what is trained),
+``training`` (the loop), ``events`` (TensorBoard files), ``gradcheck``
 (finite-difference checks), ``report`` (sweep reports), ``config`` and ``sweep``
 (Hydra config to typed objects; multirun callbacks).
+
+:func:`init_warp` initialises Warp without the CUDA driver warning that Warp's native
+library prints on machines without an NVIDIA driver (the harness needs none).
 
 Importing the package sets Warp's log level before Warp initialises: ``warning`` by
 default (no start-up banner), or the level named by ``HARNESS_WARP_LOG_LEVEL``
@@ -18,6 +22,7 @@ float atomics on CUDA (see docs/checkpoints.md); CPU runs are deterministic with
 
 import os
 import sys
+import tempfile
 
 import warp as wp
 
@@ -36,3 +41,34 @@ if _mode not in _DETERMINISM:
 wp.config.deterministic = _DETERMINISM[_mode]
 
 __version__ = "0.1.0"
+
+_NO_DRIVER = "Warp CUDA warning: Could not find or load the NVIDIA CUDA driver"
+
+
+def init_warp() -> None:
+    """Initialise Warp (``wp.init()``), passing on everything it prints to stderr except the
+    native library's line saying that no NVIDIA CUDA driver was found: on a machine without
+    one the harness runs on the CPU as documented, and a CUDA device asked for by name is
+    refused with its own one-line error. Idempotent."""
+    global _initialised
+    if _initialised:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)  # the native library writes to file descriptor 2 directly
+        try:
+            wp.init()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+    kept = "".join(line for line in lines if not line.startswith(_NO_DRIVER))
+    if kept:
+        sys.stderr.write(kept)
+        sys.stderr.flush()
+    _initialised = True
+
+
+_initialised = False

@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
-from harness import config
+from harness import config, init_warp
 
 # Our launcher presets share their names with the plugins' structured configs on purpose
 # (`hydra/launcher=joblib`); Hydra 1.3 warns about the name match. Set at import time so
@@ -59,6 +59,7 @@ def train_command(cfg: DictConfig) -> float:
     Returns:
         The final loss: the objective a Hydra sweeper (e.g. Optuna) minimises.
     """
+    init_warp()  # also in launcher worker processes, which call this function directly
     import warp as wp
 
     from harness import checkpoint
@@ -134,6 +135,7 @@ def train_command(cfg: DictConfig) -> float:
 @hydra.main(version_base="1.3", config_path=str(config.CONFIG_DIR), config_name="gradcheck")
 def gradcheck_command(cfg: DictConfig) -> None:
     """Print the gradient comparison; exit 1 when the worst error exceeds the tolerance."""
+    init_warp()
     try:
         run = config.build_run(cfg, HydraConfig.get().runtime.choices)
     except config.ConfigError as exc:
@@ -172,6 +174,41 @@ def report_command() -> None:
         _fail(exc)
 
 
+HYDRA_VALUE_FLAGS = frozenset(
+    {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
+    | {"--experimental-rerun"}
+)
+"""Hydra's own command-line flags that take a value (``--cfg job``, ``-cn my_train``)."""
+HYDRA_INFO_VALUES = frozenset({"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"})
+"""The values ``--info`` / ``-i`` may take (it also stands alone)."""
+HYDRA_INSPECT_FLAGS = frozenset(
+    {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc"}
+)
+"""Flags with which Hydra prints something and exits without running the command."""
+
+
+def split_hydra_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """Split a command line into Hydra's own flags (with their values) and overrides."""
+    flags: list[str] = []
+    overrides: list[str] = []
+    pending = False  # the previous flag takes the next word as its value
+    optional = False  # the previous flag (--info) may take the next word
+    for arg in args:
+        if pending or (optional and arg in HYDRA_INFO_VALUES):
+            flags.append(arg)
+            pending = optional = False
+            continue
+        optional = False
+        if arg.startswith("-"):
+            name = arg.split("=", 1)[0]
+            flags.append(arg)
+            pending = name in HYDRA_VALUE_FLAGS and "=" not in arg
+            optional = name in ("--info", "-i") and "=" not in arg
+        else:
+            overrides.append(arg)
+    return flags, overrides
+
+
 COMMANDS = {"train": train_command, "gradcheck": gradcheck_command, "report": report_command}
 CONFIG_NAMES = {"train": "train", "gradcheck": "gradcheck"}
 """Commands whose command line is validated (no folder created) before Hydra runs."""
@@ -189,7 +226,7 @@ def sweep_dirname_overrides(args: list[str]) -> list[str]:
     if not any(a in ("-m", "--multirun") for a in args):
         return []
     try:
-        parsed = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+        parsed = OverridesParser.create().parse_overrides(split_hydra_flags(args)[1])
     except Exception:  # Hydra reports malformed overrides itself
         return []
     fixed = [o.key_or_group for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
@@ -208,20 +245,28 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         print(f"error: command: '{command}' is not one of {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
-    if command in CONFIG_NAMES:
+    if command not in CONFIG_NAMES:
+        sys.argv = [f"harness {command}", *rest]
+        COMMANDS[command]()
+        return
+    init_warp()
+    flags, overrides = split_hydra_flags(rest)
+    if not any(f.split("=", 1)[0] in HYDRA_INSPECT_FLAGS for f in flags):  # --cfg, --info, --help run nothing
+        multirun = [f for f in flags if f in ("-m", "--multirun")]
         try:
-            resume_folder = config.precheck(CONFIG_NAMES[command], rest)
+            resume_folder = config.precheck(CONFIG_NAMES[command], [*multirun, *overrides])
         except config.ConfigError as exc:
             _fail(exc)
-        if resume_folder is not None and not any(a.startswith("hydra.run.dir=") for a in rest):
+        if resume_folder is not None and not any(a.startswith("hydra.run.dir=") for a in overrides):
             # A resume continues in the checkpoint's run folder; quoted, since job folders of a
             # sweep are named like "clip.max_norm=1,seed=2".
             quoted = str(resume_folder).replace("\\", "\\\\").replace("'", "\\'")
-            rest = [*rest, f"hydra.run.dir='{quoted}'"]
-    if command in CONFIG_NAMES:
-        try:
-            rest = config.search_path_overrides(rest)
-        except config.ConfigError as exc:
-            _fail(exc)
-    sys.argv = [f"harness {command}", *rest, *sweep_dirname_overrides(rest)]
+            overrides = [*overrides, f"hydra.run.dir='{quoted}'"]
+    try:
+        overrides = config.search_path_overrides(overrides)
+    except config.ConfigError as exc:
+        _fail(exc)
+    # Overrides first, Hydra's flags last: its parser takes the overrides as one positional
+    # list, and a bare --info would take a following override as its value.
+    sys.argv = [f"harness {command}", *overrides, *sweep_dirname_overrides([*flags, *overrides]), *flags]
     COMMANDS[command]()

@@ -10,8 +10,10 @@ message is one line naming the field and what is accepted.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -296,6 +298,37 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+_NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
+
+
+def _explain_override(config_name: str, overrides: list[str], exc: BaseException) -> str:
+    """One line for Hydra's "Could not override 'X'": a group chosen without its '+', or a
+    key that does not exist (with the keys that do, and the closest one); else Hydra's
+    first line."""
+    found = _NOT_OVERRIDABLE.match(str(exc))
+    if not found:
+        return _first_line(exc)
+    key = found.group(1)
+    text = next((o for o in overrides if o.split("=", 1)[0] == key), None)
+    value = text.split("=", 1)[1] if text is not None and "=" in text else "NAME"
+    known = groups()
+    if key in known:
+        return f"{key}: no {key} is chosen by default, so choosing one needs a '+': write +{key}={value}"
+    try:
+        base, _ = compose_config(config_name, [o for o in overrides if o is not text])
+    except Exception:  # the rest of the command line does not compose either: Hydra's own words
+        return _first_line(exc)
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(base, parent) if parent else base
+    if not isinstance(node, DictConfig):
+        return _first_line(exc)
+    accepted = sorted({str(k) for k in node.keys()} | (set(known) if not parent else set()))
+    close = difflib.get_close_matches(leaf, accepted, n=1)
+    hint = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+    what = f"no such key in {parent}" if parent else "no such key or config group"
+    return f"{key}: {what}; accepted: {', '.join(accepted)}{hint}"
+
+
 def _check_choice(group: str, value: Any, overrides: list[str]) -> None:
     options = available(group, overrides)
     values = value if isinstance(value, list) else [value]
@@ -362,7 +395,7 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     try:
         cfg, choices = compose_config(config_name, shared)
     except HydraException as exc:
-        raise ConfigError(_first_line(exc)) from None
+        raise ConfigError(_explain_override(config_name, shared, exc)) from None
     validate(cfg, choices)
     given = {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
     field = "hydra.sweep.dir" if multirun else "hydra.run.dir"

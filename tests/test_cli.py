@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.helpers import harness_env
@@ -90,3 +91,76 @@ def test_a_training_run_never_imports_torch(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "torch imported: False"
     assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_hydra_inspection_flags_work_as_in_any_hydra_app(tmp_path):
+    """--cfg/-c, --info/-i and --help print and exit 0, writing nothing (they used to be
+    parsed as overrides: "Error parsing override 'job'")."""
+    shown = harness("train", "+env=cartpole", "--cfg", "job", "env.horizon=33", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    composed = yaml.safe_load(shown.stdout)
+    assert composed["env"]["horizon"] == 33 and composed["optim"]["lr"] == 0.5
+    short = harness("train", "+env=cartpole", "-c", "job", "--resolve", cwd=tmp_path)
+    assert short.returncode == 0, short.stderr
+    assert yaml.safe_load(short.stdout)["env"]["seed"] == 0  # resolved from ${seed}
+    info = harness("train", "+env=cartpole", "--info", "defaults", cwd=tmp_path)
+    assert info.returncode == 0, info.stderr
+    assert "env/cartpole" in info.stdout and "clip/norm" in info.stdout
+    for args in (("train", "--help"), ("gradcheck", "--help")):
+        helped = harness(*args, cwd=tmp_path)
+        assert helped.returncode == 0, helped.stderr
+        assert f"python -m harness {args[0]} is powered by Hydra" in helped.stdout
+        assert "env: ball, cartpole" in helped.stdout  # the config groups and their options
+    assert not (tmp_path / "outputs").exists()
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_a_misspelt_group_or_key_names_what_is_accepted_and_the_closest(tmp_path):
+    line = one_error_line(harness("train", "+env=cartpole", "optm=adam", cwd=tmp_path))
+    assert line.startswith("error: optm: no such key or config group; accepted: ")
+    assert "optim" in line and "clip" in line and "iterations" in line
+    assert line.endswith("did you mean optim?")
+    line = one_error_line(harness("train", "+env=cartpole", "optim.lrr=0.1", cwd=tmp_path))
+    assert line == (
+        "error: optim.lrr: no such key in optim; accepted: _target_, amsgrad, betas, eps, lr, weight_decay; "
+        "did you mean optim.lr?"
+    )
+    line = one_error_line(harness("train", "+env=ball", "env.horizn=3", cwd=tmp_path))
+    assert "accepted:" in line and line.endswith("did you mean env.horizon?")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_forgotten_plus_says_to_write_it(tmp_path):
+    line = one_error_line(harness("train", "env=cartpole", cwd=tmp_path))
+    assert line == "error: env: no env is chosen by default, so choosing one needs a '+': write +env=cartpole"
+    line = one_error_line(harness("train", "+env=cartpole", "experiment=cartpole_clip_sweep", cwd=tmp_path))
+    assert line.endswith("write +experiment=cartpole_clip_sweep")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_no_cuda_driver_warning_on_a_machine_without_one(tmp_path):
+    """Warp's native library prints a warning at start-up when no NVIDIA driver is found;
+    the harness, which needs none, keeps that line off the console."""
+    bare = subprocess.run(
+        [sys.executable, "-c", "import warp; warp.config.quiet = True; warp.init()"],
+        capture_output=True,
+        text=True,
+        env=harness_env(),
+        timeout=120,
+    )
+    if "Could not find or load the NVIDIA CUDA driver" not in bare.stderr:
+        pytest.skip("this machine has a CUDA driver: Warp prints no warning to keep off")
+    for args in (
+        ("train", "+env=spring_cage", "iterations=1", f"hydra.run.dir={tmp_path / 'run'}"),
+        ("gradcheck", "+env=spring_cage", "env.horizon=3", f"hydra.run.dir={tmp_path / 'gc'}"),
+    ):
+        proc = harness(*args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert "CUDA driver" not in proc.stderr + proc.stdout
