@@ -15,6 +15,7 @@ config into typed objects and call plain functions.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -93,12 +94,9 @@ def train_command(cfg: DictConfig) -> float:
             run_dir, hparams=config.hparams(cfg, hydra_cfg), meta={"config": config.resolved_yaml(cfg)}
         )
     except TrainingInterrupted as exc:
-        print(
-            f"{exc}; summary.json written; continue with: python -m harness train <same overrides> "
-            f"resume=auto hydra.run.dir={run_dir}",
-            file=sys.stderr,
-            flush=True,
-        )
+        again = [o for o in hydra_cfg.overrides.task if not o.startswith("resume=")]
+        command = shlex.join(["python", "-m", "harness", "train", *again, "resume=auto", f"hydra.run.dir={run_dir}"])
+        print(f"{exc}; summary.json written; continue with: {command}", file=sys.stderr, flush=True)
         sys.exit(128 + exc.signum)
     except checkpoint.CheckpointError as exc:  # refused before training: the run folder stays as it was
         _fail(exc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import shutil
 import signal
 import subprocess
@@ -69,11 +70,14 @@ def test_run_killed_with_sigkill_and_resumed_matches_an_uninterrupted_run_bit_fo
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     newest = checkpoint.list_checkpoints(ckpts)[-1]
-    assert 15 <= checkpoint.load(newest).iteration < 240  # killed part-way, between checkpoints or later
+    killed_at = checkpoint.load(newest).iteration
+    assert 15 <= killed_at < 240  # killed part-way, between checkpoints or later
     assert not (killed_dir / "summary.json").exists()
 
     resumed = train([*args, "resume=auto", f"hydra.run.dir={killed_dir}"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
+    saying = f"resumed from {newest} at iteration {killed_at} of 240"
+    assert saying in resumed.stdout.splitlines()
 
     a, b = final_checkpoint(tmp_path / "straight"), final_checkpoint(killed_dir)
     assert a.iteration == b.iteration == 240
@@ -107,6 +111,12 @@ def test_sigterm_or_sigint_finishes_the_iteration_then_writes_checkpoint_and_sum
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
     assert f"interrupted by {sig.name}" in err
+    # The command that continues the run, as the user can paste it.
+    told = err.split("continue with: ")[1].splitlines()[0]
+    assert shlex.split(told) == [
+        "python", "-m", "harness", "train", *RUN, "iterations=100000", "checkpoint.every=0",
+        "resume=auto", f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["signal"] == sig.name
     saved = final_checkpoint(run_dir)

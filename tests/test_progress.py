@@ -41,3 +41,12 @@ def test_progress_line_is_redrawn_in_place_on_a_terminal(tmp_path):
     # One redraw per iteration (6), each starting with the iteration counter.
     counters = [part.split("]")[0] for part in redraws]
     assert counters == [f"[{i}/6" for i in range(1, 7)]
+    # A healthy run never shows nan: before the first read-back the line says when the
+    # values come; between read-backs it says which iteration they belong to.
+    assert "nan" not in out
+    assert all("loss and |g|pre from iteration 3" in part for part in redraws[:2])
+    assert all("(at 3)" in part for part in redraws[3:5])
+    assert all("(at" not in part and "loss " in part for part in (redraws[2], redraws[5]))
+    # How far along, and the time left.
+    assert [part.split("]")[1].split("%")[0].strip() for part in redraws] == ["17", "33", "50", "67", "83", "100"]
+    assert all(" left " in part for part in redraws)

@@ -65,6 +65,7 @@ class Checkpointer(Callback):
             return
         path = ckpt.resolve(self.resume, loop.run_dir)
         if path is None:
+            print(f"resume={self.resume}: no checkpoint in {loop.run_dir}; starting at iteration 0", flush=True)
             return
         saved = ckpt.load(path)
         identity = run_identity(loop)
@@ -84,6 +85,7 @@ class Checkpointer(Callback):
         loop.tally = Tally(**saved.meta["tally"])
         loop.start_iteration = saved.iteration
         ckpt.set_aside_newer(path, saved.iteration)
+        print(f"resumed from {path} at iteration {saved.iteration} of {loop.settings.iterations}", flush=True)
 
     def _due(self, loop: Loop, iteration: int) -> bool:
         return self.every > 0 and (iteration + 1) % self.every == 0 and iteration != loop.settings.iterations - 1
@@ -210,11 +212,26 @@ class HParamsRecord(Callback):
         )
 
 
+def _duration(seconds: float) -> str:
+    """``12 s``, ``3 min 05 s``, ``2 h 07 min``; ``?`` when unknown."""
+    if not np.isfinite(seconds):
+        return "?"
+    whole = round(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
 class ProgressLine(Callback):
-    """Iteration, loss, pre-clip gradient norm and iterations per second.
+    """Iteration, share done, time left, loss, pre-clip gradient norm, iterations per second.
 
     Printed at every log step; on a terminal also redrawn in place after every other
-    iteration (count and rate; loss and norm from the last read-back).
+    iteration (count, share, time left and rate). Loss and norm come from the device
+    history, read back once per log interval: between read-backs the line says which
+    iteration they belong to (``(at 10)``), and before the first one it says when they come,
+    so a healthy run never shows nan.
 
     Args:
         stream: Where the line goes.
@@ -228,9 +245,18 @@ class ProgressLine(Callback):
 
     def _line(self, loop: Loop, done: int, its_per_s: float) -> None:
         total = loop.settings.iterations
+        left = (total - done) / its_per_s if its_per_s > 0 else float("inf")
+        seen = loop.tally.flushed  # iterations whose scalars have been read back
+        if seen == 0:
+            every = loop.settings.log_every
+            values = f"loss and |g|pre from iteration {min(total, every * (done // every + 1))}"
+        else:
+            values = f"loss {loop.tally.last('loss'):.6g}  |g|pre {loop.tally.last('norm'):.3e}"
+            if seen != done:
+                values += f" (at {seen})"
         line = (
-            f"[{done:>{len(str(total))}d}/{total}] loss {loop.tally.last('loss'):.6g}  "
-            f"|g|pre {loop.tally.last('norm'):.3e}  {its_per_s:.2f} it/s"
+            f"[{done:>{len(str(total))}d}/{total}] {100 * done / total:3.0f}%  {_duration(left)} left  "
+            f"{values}  {its_per_s:.2f} it/s"
         )
         self.stream.write("\r" + line + "\x1b[K" if self.interactive else line + "\n")
         self.stream.flush()
