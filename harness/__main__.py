@@ -1,6 +1,12 @@
 """``python -m harness``: see :mod:`harness.cli`."""
 
-from harness.cli import main
+import sys
 
 if __name__ == "__main__":
-    main()
+    try:
+        from harness.cli import main  # imports Warp and Newton: a second or two
+
+        main()
+    except KeyboardInterrupt:  # Ctrl-C before any command started: nothing was written
+        print("interrupted before anything was written", file=sys.stderr)
+        sys.exit(130)

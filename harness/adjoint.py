@@ -109,6 +109,17 @@ def _adjoint_clip_kernel(
             _scale_row(a7, w, c)
 
 
+@wp.kernel
+def _any_rescaled_kernel(sumsq: wp.array2d(dtype=wp.float64), max_norm: wp.float64, out: wp.array(dtype=wp.float32)):
+    # One thread: did any (step, world) adjoint get rescaled in the last backward? The test
+    # is the clip kernel's own (coef < 1).
+    out[0] = wp.float32(0.0)
+    for t in range(sumsq.shape[0]):
+        for w in range(sumsq.shape[1]):
+            if max_norm / (wp.sqrt(sumsq[t, w]) + wp.float64(1.0e-6)) < wp.float64(1.0):
+                out[0] = wp.float32(1.0)
+
+
 def _flat_grad_view(array: wp.array, world_count: int) -> wp.array:
     """``array.grad`` as a (world_count, scalars per world) array of its scalar type."""
     if array.grad is None:
@@ -148,6 +159,7 @@ class AdjointClipper:
     Attributes:
         sumsq: float64 ``(horizon, world_count)``: the squared pre-clip adjoint norm of
             state ``t + 1`` of every world, written during the last backward.
+        rescaled: float32 ``(1,)``: 1 when :meth:`mark_rescaled` found a rescaled adjoint.
         elapsed_s: Host time spent in the backward callbacks since construction [s] (on a
             CPU device the launches are synchronous, so this is their cost).
     """
@@ -162,6 +174,7 @@ class AdjointClipper:
         self.max_norm = None if max_norm is None else float(max_norm)
         self.device = wp.get_device(device)
         self.sumsq = wp.zeros((self.horizon, self.world_count), dtype=wp.float64, device=self.device)
+        self.rescaled = wp.zeros(1, dtype=wp.float32, device=self.device)
         self.elapsed_s = 0.0
 
     @property
@@ -193,6 +206,17 @@ class AdjointClipper:
             device=self.device,
         )
         self.elapsed_s += time.perf_counter() - start
+
+    def mark_rescaled(self) -> None:
+        """Set :attr:`rescaled` to 1 when the last backward rescaled any step's adjoint, else
+        0 (one launch, after backward; on the device)."""
+        wp.launch(
+            _any_rescaled_kernel,
+            dim=1,
+            inputs=[self.sumsq, wp.float64(self.max_norm or 0.0)],
+            outputs=[self.rescaled],
+            device=self.device,
+        )
 
     def profile(self) -> np.ndarray:
         """Host copy of the per-step, per-world pre-clip adjoint norms, ``(horizon, world_count)``.

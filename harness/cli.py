@@ -14,11 +14,14 @@ config into typed objects and call plain functions.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
+import shutil
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -61,33 +64,36 @@ def train_command(cfg: DictConfig) -> float:
         The final loss: the objective a Hydra sweeper (e.g. Optuna) minimises.
     """
     init_warp()  # also in launcher worker processes, which call this function directly
+    hydra_cfg = HydraConfig.get()
+    run_dir = _run_dir()
+    # A single run's folder that Hydra has just made (nothing but .hydra/ in it): removed
+    # again when Ctrl-C comes before training starts, so no empty run is left behind.
+    fresh = hydra_cfg.mode.name != "MULTIRUN" and {p.name for p in run_dir.iterdir()} <= {".hydra"}
+    try:
+        return _train(cfg, hydra_cfg, run_dir)
+    except _NotStarted:
+        if fresh:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        kept = "nothing was kept" if fresh else f"{run_dir} was left as it was (Hydra rewrote its .hydra/)"
+        print(f"interrupted before training started; {kept}", file=sys.stderr)
+        sys.exit(130)
+
+
+class _NotStarted(Exception):
+    """Ctrl-C arrived before the training loop took over signal handling."""
+
+
+def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
     import warp as wp
 
     from harness import checkpoint
     from harness.clip import NonFiniteGradientError
-    from harness.training import CaptureError, TrainingInterrupted, write_json
+    from harness.training import TrainingInterrupted, write_json
 
-    hydra_cfg = HydraConfig.get()
     try:
-        run = config.build_run(cfg, hydra_cfg.runtime.choices)
-    except config.ConfigError as exc:
-        if hydra_cfg.mode.name == "MULTIRUN":  # the sweep's job folder records why
-            write_json(_run_dir() / "summary.json", {"status": "failed", "error": str(exc)})
-        _fail(exc)
-    run_dir = _run_dir()
-    if hydra_cfg.mode.name == "MULTIRUN" and run.settings.resume is not None:  # per job: its own checkpoint
-        try:
-            found = checkpoint.resolve(run.settings.resume, run_dir)
-            if found is not None:
-                config.check_saved_config(checkpoint.load(found), cfg, found)
-        except (config.ConfigError, checkpoint.CheckpointError) as exc:
-            _fail(exc)  # no summary.json: the job folder's own one stays as it was
-    if not (run_dir / "config.yaml").exists():
-        (run_dir / "config.yaml").write_text(config.resolved_yaml(cfg))
-    try:
-        trainer = run.trainer()
-    except CaptureError as exc:
-        _fail(exc)
+        trainer = _prepare(cfg, hydra_cfg, run_dir)
+    except KeyboardInterrupt:
+        raise _NotStarted from None
     print(f"run folder: {run_dir}", flush=True)
     try:
         summary = trainer.fit(
@@ -124,10 +130,44 @@ def train_command(cfg: DictConfig) -> float:
     print(
         f"done: loss {summary['initial_loss']:.6g} -> {summary['final_loss']:.6g}"
         + (f" ({abs(100 * reduction):.1f}% {'lower' if reduction >= 0 else 'higher'})" if reduction is not None else "")
-        + f", {summary['clipped_steps']} clipped steps, {summary['wall_time_s']:.1f} s",
+        + f", {summary['clipped_steps']} clipped steps"
+        + (f" (adjoint clipped in {summary['adjoint_clipped_steps']})" if _adjoint_clips(cfg) else "")
+        + f", {summary['wall_time_s']:.1f} s",
         flush=True,
     )
     return summary["final_loss"]
+
+
+def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:
+    """The run's trainer; refusals exit with one line."""
+    from harness import checkpoint
+    from harness.training import CaptureError, write_json
+
+    try:
+        run = config.build_run(cfg, hydra_cfg.runtime.choices)
+    except config.ConfigError as exc:
+        if hydra_cfg.mode.name == "MULTIRUN":  # the sweep's job folder records why
+            write_json(run_dir / "summary.json", {"status": "failed", "error": str(exc)})
+        _fail(exc)
+    if hydra_cfg.mode.name == "MULTIRUN" and run.settings.resume is not None:  # per job: its own checkpoint
+        try:
+            found = checkpoint.resolve(run.settings.resume, run_dir)
+            if found is not None:
+                config.check_saved_config(checkpoint.load(found), cfg, found)
+        except (config.ConfigError, checkpoint.CheckpointError) as exc:
+            _fail(exc)  # no summary.json: the job folder's own one stays as it was
+    if not (run_dir / "config.yaml").exists():
+        (run_dir / "config.yaml").write_text(config.resolved_yaml(cfg))
+    try:
+        trainer = run.trainer()
+    except CaptureError as exc:
+        _fail(exc)
+    return trainer
+
+
+def _adjoint_clips(cfg: DictConfig) -> bool:
+    limit = cfg.clip.get("adjoint", {}).get("max_norm")
+    return limit is not None and math.isfinite(float(limit))
 
 
 @hydra.main(version_base="1.3", config_path=str(config.CONFIG_DIR), config_name="gradcheck")
@@ -255,6 +295,9 @@ def main(argv: list[str] | None = None) -> None:
             resume_folder = config.precheck(CONFIG_NAMES[command], [*multirun, *overrides])
         except config.ConfigError as exc:
             _fail(exc)
+        except KeyboardInterrupt:  # e.g. while the env is built: no folder exists yet
+            print("interrupted before training started; nothing was written", file=sys.stderr)
+            sys.exit(130)
         if resume_folder is not None and not any(a.startswith("hydra.run.dir=") for a in overrides):
             # A resume continues in the checkpoint's run folder; quoted, since job folders of a
             # sweep are named like "clip.max_norm=1,seed=2".

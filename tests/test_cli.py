@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
 
+from harness import config
 from tests.helpers import harness_env
 from tests.helpers import run_harness as harness
 
@@ -38,6 +43,7 @@ def test_train_with_overrides_writes_summary_config_and_events(tmp_path):
     assert config["clip"]["max_norm"] == 1
     assert config["env"]["seed"] == 3  # interpolations are resolved
     assert list(run_dir.glob("events.out.tfevents.*"))
+    assert not list(run_dir.glob("*.log"))  # no empty Hydra job log: the harness prints, it does not log
     # No terminal: plain periodic lines, no carriage-return redraws.
     progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert [line.split("]")[0] for line in progress] == ["[2/4", "[4/4"]
@@ -164,3 +170,54 @@ def test_no_cuda_driver_warning_on_a_machine_without_one(tmp_path):
         proc = harness(*args, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert "CUDA driver" not in proc.stderr + proc.stdout
+
+
+SLOW_ENV = """
+import os
+import pathlib
+import time
+
+from envs.spring_cage import SpringCageEnv
+
+
+class SlowCage(SpringCageEnv):
+    def __init__(self, *args, **kwargs):
+        pathlib.Path(os.environ["SLOW_ENV_MARKER"]).write_text("building")
+        time.sleep(120)
+        super().__init__(*args, **kwargs)
+"""
+
+
+def test_ctrl_c_while_the_env_is_built_stops_in_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "slow_env.py").write_text(SLOW_ENV)
+    (tmp_path / "configs" / "env").mkdir(parents=True)
+    cage = (Path(config.CONFIG_DIR) / "env" / "spring_cage.yaml").read_text()
+    (tmp_path / "configs" / "env" / "slow_cage.yaml").write_text(
+        cage.replace("envs.spring_cage.SpringCageEnv", "slow_env.SlowCage")
+    )
+    marker = tmp_path / "building"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "train", "+env=slow_cage"],
+        cwd=tmp_path,
+        env=harness_env(
+            {
+                "PYTHONPATH": os.pathsep.join([str(tmp_path / "code"), harness_env()["PYTHONPATH"]]),
+                "HARNESS_CONFIG_PATH": str(tmp_path / "configs"),
+                "SLOW_ENV_MARKER": str(marker),
+            }
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip() == "interrupted before training started; nothing was written"
+    assert not (tmp_path / "outputs").exists()

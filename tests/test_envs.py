@@ -161,8 +161,8 @@ def test_ball_solves_several_targets_at_once(tmp_path):
     targets = run.env.targets.numpy()
     assert len({tuple(t) for t in targets.round(4)}) == 3
     summary = run.trainer().fit(tmp_path)
-    before = np.asarray(summary["initial"]["final_distance_to_target_m"])
-    after = np.asarray(summary["final"]["final_distance_to_target_m"])
+    before = np.asarray(summary["before_training"]["final_distance_to_target_m"])
+    after = np.asarray(summary["after_training"]["final_distance_to_target_m"])
     assert before.shape == after.shape == (3,)
     assert np.all(after < 0.5 * before), (before, after)
 

@@ -51,6 +51,30 @@ def test_adjoint_profile_is_logged_as_histogram_image_and_scalars_at_log_steps(t
     assert t.step.timing["adjoint_clip"] > 0
 
 
+@pytest.mark.parametrize(("max_norm", "expected"), [(1e-3, 1.0), (1e6, 0.0)])
+def test_iterations_whose_adjoint_was_clipped_are_counted(tmp_path, max_norm, expected):
+    """`adjoint/clipped` is 1 in every iteration whose backward rescaled any step's adjoint
+    (a threshold far below this rollout's adjoint norms) and 0 when none was (far above);
+    summary.json counts them apart from the global clip's `clipped_steps`."""
+    t = trainer(horizon=60, clip=clip_by_global_norm(1e9, adjoint={"max_norm": max_norm}), loss_terms=FINAL)
+    summary = t.fit(tmp_path)
+    assert values(read(tmp_path), "adjoint/clipped") == [expected] * 6
+    assert summary["adjoint_clipped_steps"] == int(6 * expected)
+    assert summary["clipped_steps"] == 0
+
+
+def test_summary_records_the_device_and_the_versions(tmp_path):
+    import warp as wp
+
+    summary = trainer(horizon=10).fit(tmp_path)
+    assert summary["device"] == "cpu"
+    assert summary["versions"]["warp-lang"] == wp.config.version
+    assert set(summary["versions"]) == {"python", "harness", "warp-lang", "newton", "numpy"}
+    assert (
+        "max_abs_pole_angle_rad" in summary["before_training"] and "max_abs_pole_angle_rad" in summary["after_training"]
+    )
+
+
 def test_infinite_adjoint_threshold_gives_the_unclipped_gradient_bit_for_bit():
     plain = trainer(horizon=120, loss_terms=FINAL)
     plain.step.forward_backward()

@@ -14,4 +14,4 @@ def test_default_cartpole_run_lowers_the_loss_by_at_least_60_percent(tmp_path):
     summary = run.trainer().fit(tmp_path)
     assert summary["loss_reduction"] >= 0.6, summary
     # The poles end the horizon closer to upright than the untrained forces leave them.
-    assert summary["final"]["max_abs_pole_angle_rad"] < summary["initial"]["max_abs_pole_angle_rad"]
+    assert summary["after_training"]["max_abs_pole_angle_rad"] < summary["before_training"]["max_abs_pole_angle_rad"]

@@ -18,7 +18,9 @@ Order of a run::
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
+import platform
 import signal
 import time
 from pathlib import Path
@@ -80,6 +82,7 @@ class Tally:
     clipped_steps: int = 0
     skipped_steps: int = 0
     nonfinite_steps: int = 0
+    adjoint_clipped_steps: int = 0
     lr_reductions: int = 0
     wall_time_s: float = 0.0
     initial_figures: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -96,6 +99,8 @@ class Tally:
         self.clipped_steps += int(rows[:, col["grad/clipped"]].sum())
         self.skipped_steps += int(rows[:, col["grad/skipped"]].sum())
         self.nonfinite_steps += int((rows[:, col["grad/nonfinite"]] > 0).sum())
+        if "adjoint/clipped" in columns:
+            self.adjoint_clipped_steps += int(rows[:, columns.index("adjoint/clipped")].sum())
 
     def last(self, what: str) -> float:
         values = self.losses if what == "loss" else self.norms
@@ -270,6 +275,8 @@ class Loop:
         return {
             "status": status,
             "env": step.env.name,
+            "device": str(step.device),
+            "versions": versions(),
             "iterations": self.settings.iterations,
             "iterations_done": tally.flushed,
             "initial_loss": losses[0],
@@ -280,11 +287,23 @@ class Loop:
             "clipped_steps": tally.clipped_steps,
             "skipped_steps": tally.skipped_steps,
             "nonfinite_steps": tally.nonfinite_steps,
+            "adjoint_clipped_steps": tally.adjoint_clipped_steps,
             "lr_reductions": tally.lr_reductions,
             "timing_s": dict(step.timing),
-            "initial": tally.initial_figures,
-            "final": final_figures,
+            "before_training": tally.initial_figures,
+            "after_training": final_figures,
         }
+
+
+def versions() -> dict[str, str | None]:
+    """Python and the installed versions of the packages a run's numbers depend on."""
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("harness", "warp-lang", "newton", "numpy"):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

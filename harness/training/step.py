@@ -294,6 +294,8 @@ class TrainStep:
         extra: dict[str, wp.array] = {}
         if "threshold" in state.clip:
             extra["grad/clip_threshold"] = state.clip["threshold"]
+        if self.adjoint is not None and self.adjoint.scales:
+            extra["adjoint/clipped"] = self.adjoint.rescaled
         extra.update(optimizer.scalars(state.optim))
         extra.update(schedule.scalars(state.schedule))
         sources += [(tag, array, 0) for tag, array in extra.items()]
@@ -346,6 +348,8 @@ class TrainStep:
         """Issue every launch of one iteration (eagerly, or into a capture in progress)."""
         state, params = self.state, self.state.params
         self.forward_backward()
+        if self.adjoint is not None and self.adjoint.scales:
+            self.adjoint.mark_rescaled()
         t0 = time.perf_counter()
         self.stats_pre.compute(params.grad)
         wp.copy(self.grad_pre, params.grad)
