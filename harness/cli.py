@@ -94,10 +94,16 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
         trainer = _prepare(cfg, hydra_cfg, run_dir)
     except KeyboardInterrupt:
         raise _NotStarted from None
-    print(f"run folder: {run_dir}", flush=True)
+    # Jobs of a sweep may run side by side (joblib): label their lines.
+    label = f"[job {hydra_cfg.job.num}: {hydra_cfg.job.override_dirname}]" if hydra_cfg.mode.name == "MULTIRUN" else ""
+    say = f"{label} " if label else ""
+    print(f"{say}run folder: {run_dir}", flush=True)
     try:
         summary = trainer.fit(
-            run_dir, hparams=config.hparams(cfg, hydra_cfg), meta={"config": config.resolved_yaml(cfg)}
+            run_dir,
+            hparams=config.hparams(cfg, hydra_cfg),
+            meta={"config": config.resolved_yaml(cfg)},
+            label=label or None,
         )
     except TrainingInterrupted as exc:
         again = [o for o in hydra_cfg.overrides.task if not o.startswith("resume=")]
@@ -128,7 +134,7 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
         raise
     reduction = summary["loss_reduction"]
     print(
-        f"done: loss {summary['initial_loss']:.6g} -> {summary['final_loss']:.6g}"
+        f"{say}done: loss {summary['initial_loss']:.6g} -> {summary['final_loss']:.6g}"
         + (f" ({abs(100 * reduction):.1f}% {'lower' if reduction >= 0 else 'higher'})" if reduction is not None else "")
         + f", {summary['clipped_steps']} clipped steps"
         + (f" (adjoint clipped in {summary['adjoint_clipped_steps']})" if _adjoint_clips(cfg) else "")

@@ -71,6 +71,19 @@ def test_joblib_multirun_names_job_folders_by_the_swept_value(joblib_sweep):
     assert "schema with the same name" not in proc.stderr
 
 
+def test_parallel_jobs_label_every_line_they_print(joblib_sweep):
+    """Two joblib workers print side by side: each line says which job it is from."""
+    _, proc = joblib_sweep
+    ours = [line for line in proc.stdout.splitlines() if not line.startswith("[20")]  # Hydra's log lines
+    ours = [line for line in ours if "run folder:" in line or "done:" in line or "it/s" in line]
+    assert ours  # the workers' output reached the terminal
+    labels = {"[job 0: clip.max_norm=0.5]", "[job 1: clip.max_norm=2]"}
+    assert all(line.split("] ", 1)[0] + "]" in labels for line in ours), ours
+    for label in labels:
+        assert sum(line.startswith(label + " done:") for line in ours) == 1
+        assert any(line.startswith(label + " [") and "it/s" in line for line in ours)  # its progress lines
+
+
 def test_every_job_carries_its_hparams_and_metrics(joblib_sweep):
     sweep, _ = joblib_sweep
     for value in (0.5, 2.0):

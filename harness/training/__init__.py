@@ -115,6 +115,7 @@ class Trainer:
         hparams: dict[str, bool | int | float | str] | None = None,
         meta: dict[str, Any] | None = None,
         callbacks: list[Callback] | None = None,
+        label: str | None = None,
     ) -> dict[str, Any]:
         """Train for ``settings.iterations``; write TensorBoard events, checkpoints and summary.json.
 
@@ -125,6 +126,7 @@ class Trainer:
             meta: Extra JSON-serialisable facts stored in every checkpoint (e.g. the
                 resolved config).
             callbacks: Further callbacks, called after the built-in ones.
+            label: Put before every progress line (the job of a sweep, e.g. ``#2 clip.max_norm=10``).
 
         Returns:
             The summary (also written to ``run_dir/summary.json``).
@@ -148,7 +150,7 @@ class Trainer:
             ),
             SignalStop(),
             tensorboard,
-            ProgressLine(),
+            ProgressLine(label=label),
         ]
         if hparams is not None:
             built.append(HParamsRecord(tensorboard, hparams))

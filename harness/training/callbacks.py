@@ -236,10 +236,12 @@ class ProgressLine(Callback):
     Args:
         stream: Where the line goes.
         interactive: Redraw in place; default: whether ``stream`` is a terminal.
+        label: Put before every line (which job of a sweep the line is from).
     """
 
-    def __init__(self, *, stream: TextIO = sys.stdout, interactive: bool | None = None):
+    def __init__(self, *, stream: TextIO = sys.stdout, interactive: bool | None = None, label: str | None = None):
         self.stream = stream
+        self.label = f"{label} " if label else ""
         self.interactive = stream.isatty() if interactive is None else interactive
         self._logged = -1
 
@@ -254,7 +256,7 @@ class ProgressLine(Callback):
             values = f"loss {loop.tally.last('loss'):.6g}  |g|pre {loop.tally.last('norm'):.3e}"
             if seen != done:
                 values += f" (at {seen})"
-        line = (
+        line = self.label + (
             f"[{done:>{len(str(total))}d}/{total}] {100 * done / total:3.0f}%  {_duration(left)} left  "
             f"{values}  {its_per_s:.2f} it/s"
         )
