@@ -269,7 +269,7 @@ def profile_image(
         title: Figure title.
 
     Returns:
-        An RGB image, uint8 ``(height, width, 3)`` (``dataformats="HWC"`` for tensorboardX).
+        An RGB image, uint8 ``(height, width, 3)`` (height x width x channels).
     """
     import matplotlib
 
