@@ -167,6 +167,14 @@ class CartpoleEnv(NewtonEnv):
             found["controls"] = self._actions if mode == "all" else self._actions[self.horizon - 1 : self.horizon]
         return found
 
+    def component_names(self) -> dict[str, list[str]]:
+        """Names of the observables' components, for plots (``harness render``)."""
+        return {
+            "joint_q": ["cart position [m]", "pole 1 angle [rad]", "pole 2 angle [rad]"],
+            "joint_qd": ["cart velocity [m/s]", "pole 1 rate [rad/s]", "pole 2 rate [rad/s]"],
+            "controls": ["cart force [N]"],
+        }
+
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
         if "joint_q" not in trajectory or trajectory["joint_q"].shape[0] != self.horizon:
             return {}

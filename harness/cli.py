@@ -41,6 +41,7 @@ commands:
   train       train a simulation:       python -m harness train +env=cartpole [key=value ...]
   gradcheck   tape vs finite diff:      python -m harness gradcheck +env=cartpole env.horizon=120
   report      summarise a sweep:        python -m harness report multirun/<sweep>
+  render      video and plots of a run: python -m harness render outputs/cartpole/<time>
 
 Overrides are Hydra's: optim.lr=0.05 clip.max_norm=1 iterations=50 device=cpu seed=3;
 -m sweeps, e.g. -m clip.max_norm=0.1,1,10.
@@ -253,7 +254,40 @@ def split_hydra_flags(args: list[str]) -> tuple[list[str], list[str]]:
     return flags, overrides
 
 
-COMMANDS = {"train": train_command, "gradcheck": gradcheck_command, "report": report_command}
+def render_command() -> None:
+    """``render RUN_DIR [checkpoint=PATH] [frames=N] [fps=N]``: video, plots and Newton recordings."""
+    from harness.render import RenderError, render_run
+
+    args = sys.argv[1:]
+    folders = [a for a in args if "=" not in a]
+    options = dict(a.split("=", 1) for a in args if "=" in a)
+    if len(folders) != 1 or folders[0].startswith("-"):
+        _fail(ValueError("render: expects one run folder, e.g. python -m harness render outputs/cartpole/<time>"))
+    unknown = sorted(set(options) - {"checkpoint", "frames", "fps"})
+    if unknown:
+        _fail(ValueError(f"render: unknown option '{unknown[0]}'; accepted: checkpoint=PATH, frames=N, fps=N"))
+    numbers = {}
+    for key, default in (("frames", 120), ("fps", 30)):
+        try:
+            numbers[key] = int(options.get(key, default))
+        except ValueError:
+            numbers[key] = 0
+        if (numbers[key] < 2 and key == "frames") or numbers[key] < 1:
+            _fail(
+                ValueError(f"render: {key} must be a whole number >= {2 if key == 'frames' else 1}, got {options[key]}")
+            )
+    init_warp()
+    try:
+        written = render_run(Path(folders[0]), checkpoint=options.get("checkpoint"), **numbers)
+    except RenderError as exc:
+        _fail(exc)
+    print(f"video: {written['video']} ({written['frames']} frames, before | after, from {written['checkpoint']})")
+    if written["plot"]:
+        print(f"plot: {written['plot']} ({', '.join(written['panels'])})")
+    print(f"Newton ViewerFile recordings: {', '.join(written['recordings'])}")
+
+
+COMMANDS = {"train": train_command, "gradcheck": gradcheck_command, "report": report_command, "render": render_command}
 CONFIG_NAMES = {"train": "train", "gradcheck": "gradcheck"}
 """Commands whose command line is validated (no folder created) before Hydra runs."""
 

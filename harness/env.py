@@ -250,6 +250,11 @@ class Env(abc.ABC):
         """Physical figures of a rollout worth reporting (host values); empty by default."""
         return {}
 
+    def component_names(self) -> dict[str, list[str]]:
+        """Names of an observable's components for plots (``harness render``), by observable,
+        e.g. ``{"joint_q": ["cart position [m]", ...]}``; empty by default."""
+        return {}
+
 
 def array_grads(*owners: object) -> list[wp.array]:
     """The gradient buffers of every Warp array attribute of ``owners`` (States, a Model, a

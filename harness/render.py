@@ -1,0 +1,414 @@
+"""``python -m harness render RUN_DIR``: see the simulated system move, before and after training.
+
+Rolls out a run's env twice, at the parameters training started from and at those of a
+checkpoint (the newest by default), and writes into ``RUN_DIR/render/``:
+
+- ``rollout.mp4``: both rollouts side by side, drawn from Newton's own body and particle
+  positions (shapes as the outline of their projected corners, particles as dots, springs
+  as lines) on the vertical plane that shows the most motion, encoded with imageio's
+  bundled ffmpeg. No display, OpenGL context or system package is needed.
+- ``rollout.png``: every per-step observable the loss reads (and the actions of an
+  open-loop task) against time, before and after training.
+- ``before.json`` / ``after.json``: the same frames as recordings of Newton's
+  ``ViewerFile``, which Newton's viewers replay (``ViewerGL`` included) on a machine that has
+  one. JSON rather than the binary format: it needs no further package.
+
+Only envs built on :class:`harness.newton_env.NewtonEnv` (a Newton model and its States)
+can be drawn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GEO_SPHERE, GEO_CAPSULE, GEO_ELLIPSOID, GEO_CYLINDER, GEO_BOX, GEO_CONE = 3, 4, 5, 6, 7, 9
+"""``newton.GeoType`` values of the shapes drawn as outlines (planes are drawn as the ground line)."""
+GEO_PLANE = 1
+
+
+class RenderError(ValueError):
+    """Bad input to ``render``: one line naming the argument and what is accepted."""
+
+
+@dataclasses.dataclass
+class Frames:
+    """Positions sampled along one rollout.
+
+    Attributes:
+        steps: The sampled step indices (state after ``steps[k]`` steps).
+        body_q: ``(frames, bodies, 7)`` body transforms (position, quaternion xyzw), or None.
+        particle_q: ``(frames, particles, 3)`` particle positions, or None.
+    """
+
+    steps: list[int]
+    body_q: np.ndarray | None
+    particle_q: np.ndarray | None
+
+
+def sample_steps(horizon: int, frames: int) -> list[int]:
+    """At most ``frames`` state indices from 0 to ``horizon``, evenly spread, both ends included."""
+    return sorted({round(float(x)) for x in np.linspace(0, horizon, max(2, min(frames, horizon + 1)))})
+
+
+def record_frames(env: Any, task: Any, params: Any, steps: list[int]) -> tuple[Frames, Any]:
+    """Roll out once (no tape) and copy the positions of the states in ``steps``.
+
+    Returns:
+        The frames and the rollout's trajectory (device arrays).
+    """
+    from harness.tasks import rollout
+
+    wanted = set(steps)
+    bodies: list[np.ndarray] = []
+    particles: list[np.ndarray] = []
+
+    def grab(state: Any) -> None:
+        if env.model.body_count:
+            bodies.append(state.body_q.numpy().copy())
+        if env.model.particle_count:
+            particles.append(state.particle_q.numpy().copy())
+
+    def after_step(t: int, _arrays: Any) -> None:
+        if t + 1 in wanted:
+            grab(env.state(t + 1))
+
+    env.reset()
+    if 0 in wanted:
+        grab(env.state(0))
+    trajectory = rollout(env, task, params, after_step=after_step)
+    return (
+        Frames(
+            steps=steps,
+            body_q=np.stack(bodies) if bodies else None,
+            particle_q=np.stack(particles) if particles else None,
+        ),
+        trajectory,
+    )
+
+
+# -- geometry ------------------------------------------------------------------------------
+
+
+def _rotate(q: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Rotate points ``v`` (n, 3) by the unit quaternion ``q`` = (x, y, z, w)."""
+    u, w = q[:3], q[3]
+    return v + 2.0 * np.cross(u, np.cross(u, v) + w * v)
+
+
+def _local_points(kind: int, scale: np.ndarray) -> np.ndarray | None:
+    """Points whose projected outline is the shape's silhouette (Newton's shape frames:
+    boxes by half extents, capsules and cylinders along local z)."""
+    if kind == GEO_BOX:
+        corners = np.array([[x, y, z] for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)], dtype=float)
+        return corners * scale[:3]
+    ring = np.linspace(0.0, 2.0 * np.pi, 16, endpoint=False)
+    circle = np.stack([np.cos(ring), np.sin(ring), np.zeros_like(ring)], axis=1)
+    ball = np.concatenate([circle, circle[:, [0, 2, 1]], circle[:, [2, 0, 1]]])
+    if kind == GEO_SPHERE:
+        return ball * scale[0]
+    if kind == GEO_ELLIPSOID:
+        return ball * scale[:3]
+    if kind in (GEO_CAPSULE, GEO_CYLINDER, GEO_CONE):
+        r, h = scale[0], scale[1]
+        end = ball * r if kind == GEO_CAPSULE else circle * r
+        offset = np.array([0.0, 0.0, h])
+        return np.concatenate([end + offset, end - offset])
+    return None
+
+
+def _hull(points: np.ndarray) -> np.ndarray:
+    """Convex hull of 2-D points (Andrew's monotone chain), counter-clockwise."""
+    pts = sorted(set(map(tuple, np.round(points, 9))))
+    if len(pts) <= 2:
+        return np.asarray(pts)
+
+    def half(seq: list) -> list:
+        out: list = []
+        for p in seq:
+            while (
+                len(out) >= 2
+                and ((out[-1][0] - out[-2][0]) * (p[1] - out[-2][1]) - (out[-1][1] - out[-2][1]) * (p[0] - out[-2][0]))
+                <= 0
+            ):
+                out.pop()
+            out.append(p)
+        return out
+
+    lower, upper = half(pts), half(pts[::-1])
+    return np.asarray(lower[:-1] + upper[:-1])
+
+
+class Scene:
+    """What to draw of a Newton model, and how to project it onto a vertical plane."""
+
+    def __init__(self, model: Any):
+        self.up = int(model.up_axis)
+        kinds = model.shape_type.numpy() if model.shape_count else np.zeros(0, int)
+        self.ground = bool((kinds == GEO_PLANE).any())
+        self.shapes: list[tuple[int, np.ndarray, np.ndarray]] = []  # (body, local points in body frame, ...)
+        if model.shape_count:
+            bodies = model.shape_body.numpy()
+            xforms = model.shape_transform.numpy()
+            scales = model.shape_scale.numpy()
+            for body, xform, kind, scale in zip(bodies, xforms, kinds, scales, strict=True):
+                local = _local_points(int(kind), np.asarray(scale, dtype=float))
+                if local is None:
+                    continue
+                points = _rotate(np.asarray(xform[3:7], dtype=float), local) + xform[:3]
+                self.shapes.append((int(body), points, np.zeros(0)))
+        springs = getattr(model, "spring_indices", None)
+        self.springs = springs.numpy().reshape(-1, 2) if springs is not None and springs.shape[0] else None
+        self.across = 0 if self.up != 0 else 1  # horizontal axis, chosen by :meth:`fit`
+        self.targets: np.ndarray | None = None  # (n, 3) points drawn as crosses
+
+    def world_points(self, frames: Frames, k: int) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """Shape point clouds and particle positions of frame ``k``, in world coordinates."""
+        clouds = []
+        for body, points, _ in self.shapes:
+            if body < 0:
+                clouds.append(points)
+            elif frames.body_q is not None:
+                q = frames.body_q[k, body]
+                clouds.append(_rotate(np.asarray(q[3:7], dtype=float), points) + q[:3])
+        particles = frames.particle_q[k] if frames.particle_q is not None else None
+        return clouds, particles
+
+    def fit(self, runs: list[Frames]) -> tuple[tuple[float, float], tuple[float, float]]:
+        """Choose the horizontal axis with the most spread and return the plot limits."""
+        everything = []
+        for frames in runs:
+            for k in range(len(frames.steps)):
+                clouds, particles = self.world_points(frames, k)
+                everything += clouds
+                if particles is not None:
+                    everything.append(particles)
+        if self.targets is not None:
+            everything.append(self.targets)
+        allpts = np.concatenate(everything) if everything else np.zeros((1, 3))
+        others = [a for a in range(3) if a != self.up]
+        self.across = max(others, key=lambda a: np.ptp(allpts[:, a]))
+        x, y = allpts[:, self.across], allpts[:, self.up]
+        lo_y = min(float(y.min()), 0.0) if self.ground else float(y.min())
+        pad = 0.05 * max(float(np.ptp(x)), float(y.max()) - lo_y, 1e-3)
+        return (float(x.min()) - pad, float(x.max()) + pad), (lo_y - pad, float(y.max()) + pad)
+
+
+AXIS_NAMES = "xyz"
+
+
+def draw_video(scene: Scene, runs: list[Frames], titles: list[str], dt: float, path: Path, *, fps: int) -> int:
+    """Encode the frames of ``runs`` side by side into ``path`` (H.264); returns the frame count."""
+    import imageio.v2 as imageio
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Polygon
+
+    xlim, ylim = scene.fit(runs)
+    aspect = (ylim[1] - ylim[0]) / max(xlim[1] - xlim[0], 1e-9)
+    width = 6.4 * len(runs)  # inches at 100 dpi: 640 px per panel
+    height = round((float(np.clip(6.4 * aspect, 2.4, 7.2)) + 0.8) * 100 / 16) * 16 / 100  # H.264 wants 16 px blocks
+    fig, axes = plt.subplots(1, len(runs), figsize=(width, height), dpi=100, squeeze=False)
+    count = len(runs[0].steps)
+    with imageio.get_writer(path, fps=fps, codec="libx264", quality=8, macro_block_size=16) as writer:
+        for k in range(count):
+            for ax, frames, title in zip(axes[0], runs, titles, strict=True):
+                ax.clear()
+                ax.set_xlim(*xlim)
+                ax.set_ylim(*ylim)
+                ax.set_aspect("equal", adjustable="box")
+                ax.set_xlabel(f"{AXIS_NAMES[scene.across]} [m]")
+                ax.set_ylabel(f"{AXIS_NAMES[scene.up]} [m] (up)")
+                ax.set_title(f"{title}   t = {frames.steps[k] * dt:.3f} s (step {frames.steps[k]})")
+                if scene.ground:
+                    ax.axhline(0.0, color="0.4", linewidth=1.0)
+                if scene.targets is not None:
+                    ax.scatter(scene.targets[:, scene.across], scene.targets[:, scene.up], marker="x", s=60,
+                               color="tab:green", zorder=4, label="target")  # fmt: skip
+                clouds, particles = scene.world_points(frames, k)
+                for cloud in clouds:
+                    outline = _hull(cloud[:, [scene.across, scene.up]])
+                    if len(outline) >= 3:
+                        ax.add_patch(Polygon(outline, closed=True, facecolor="tab:blue", edgecolor="navy", alpha=0.5))
+                if particles is not None:
+                    px, py = particles[:, scene.across], particles[:, scene.up]
+                    if scene.springs is not None:
+                        for i, j in scene.springs:
+                            ax.plot([px[i], px[j]], [py[i], py[j]], color="0.5", linewidth=0.8)
+                    ax.scatter(px, py, s=max(2.0, 60.0 / np.sqrt(len(px))), color="tab:red", zorder=3)
+            fig.tight_layout()
+            fig.canvas.draw()
+            image = np.asarray(fig.canvas.buffer_rgba())[..., :3]
+            writer.append_data(image)
+    plt.close(fig)
+    return count
+
+
+def draw_plots(
+    series: dict[str, list[tuple[str, np.ndarray]]], dt: float, path: Path, names: dict[str, list[str]] | None = None
+) -> list[str]:
+    """One panel per observable component: before and after training against time.
+
+    Args:
+        series: By observable name, ``[("before", (steps, worlds, dim)), ("after", ...)]``.
+        names: Optional names of an observable's components (the env's ``component_names``).
+
+    Returns:
+        The panel titles, in order.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(name, d) for name, runs in series.items() for d in range(runs[0][1].shape[2])]
+    if not panels:
+        return []
+    cols = min(3, len(panels))
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.2 * rows), dpi=100, squeeze=False)
+    titles = []
+    for ax, (name, d) in zip(axes.flat, panels, strict=False):
+        for (label, values), style in zip(series[name], ("--", "-"), strict=True):
+            time = np.arange(1, values.shape[0] + 1) * dt
+            for w in range(values.shape[1]):
+                ax.plot(time, values[:, w, d], style, color=f"C{w % 10}", linewidth=1.2,
+                        label=f"{label}, world {w}" if values.shape[1] > 1 else label)  # fmt: skip
+        labels = (names or {}).get(name)
+        title = f"{name}: {labels[d]}" if labels and d < len(labels) else f"{name}[{d}]"
+        titles.append(title)
+        ax.set_title(title)
+        ax.set_xlabel("time [s]")
+        ax.grid(alpha=0.3)
+        if not titles[:-1]:  # one legend, in the first panel
+            ax.legend(fontsize=7, ncol=2)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.suptitle("dashed: before training, solid: after training")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return titles
+
+
+def write_recording(model: Any, frames: Frames, dt: float, path: Path) -> None:
+    """Write ``frames`` as a recording of Newton's ``ViewerFile`` (replayed by Newton's viewers)."""
+    import contextlib
+    import io
+
+    import newton.viewer
+
+    with contextlib.redirect_stdout(io.StringIO()):  # ViewerFile prints a line per save
+        _record(newton.viewer.ViewerFile(str(path), auto_save=False), model, frames, dt)
+
+
+def _record(viewer: Any, model: Any, frames: Frames, dt: float) -> None:
+    viewer.set_model(model)
+    state = model.state()
+    for k, step in enumerate(frames.steps):
+        if frames.body_q is not None:
+            state.body_q.assign(frames.body_q[k])
+        if frames.particle_q is not None:
+            state.particle_q.assign(frames.particle_q[k])
+        viewer.begin_frame(step * dt)
+        viewer.log_state(state)
+        viewer.end_frame()
+    viewer.close()
+
+
+def render_run(
+    run_dir: Path, *, checkpoint: str | None = None, frames: int = 120, fps: int = 30, device: str | None = "cpu"
+) -> dict[str, Any]:
+    """Render a run folder (see the module docstring); returns what was written.
+
+    Raises:
+        RenderError: One line: not a run folder, no checkpoint, an env that cannot be drawn.
+    """
+    import warp as wp
+    import yaml
+
+    from harness import checkpoint as ckpt
+    from harness import config
+    from harness.newton_env import NewtonEnv
+
+    overrides_file = run_dir / ".hydra" / "overrides.yaml"
+    if not overrides_file.is_file():
+        raise RenderError(
+            f"render: '{run_dir}' is not a run folder (no .hydra/overrides.yaml); accepted: outputs/<env>/<time>"
+        )
+    overrides = [
+        o for o in yaml.safe_load(overrides_file.read_text()) or [] if not o.startswith(("resume=", "device="))
+    ]
+    try:
+        path = ckpt.resolve(checkpoint or "auto", run_dir)
+    except ckpt.CheckpointError as exc:
+        raise RenderError(str(exc).replace("resume:", "checkpoint:", 1)) from None
+    if path is None:
+        raise RenderError(
+            f"render: no checkpoint in '{run_dir / 'checkpoints'}'; accepted: a finished or interrupted run"
+        )
+    try:
+        cfg, choices = config.compose_config("train", [*overrides, f"device={device or 'null'}"])
+        run = config.build_run(cfg, choices)
+    except config.ConfigError as exc:
+        raise RenderError(f"render: the run's config: {exc}") from None
+    env = run.env
+    if not isinstance(env, NewtonEnv):
+        raise RenderError(f"render: env '{env.name}' is not a NewtonEnv (no Newton model to draw)")
+    trainer = run.trainer()
+    step = trainer.step
+    params = step.state.params
+    steps = sample_steps(env.horizon, frames)
+
+    def snapshot() -> tuple[Frames, dict[str, np.ndarray]]:
+        shot, trajectory = record_frames(env, step.task, params, steps)
+        values = {name: array.numpy().copy() for name, array in trajectory.items()}
+        for name, value in params.numpy().items():
+            if value.ndim == 3 and value.shape[0] == env.horizon:  # per-step actions (open loop)
+                values[f"{name} (trained)"] = value.copy()
+        return shot, values
+
+    before, before_values = snapshot()
+    saved = ckpt.load(path)
+    try:
+        step.state.load(saved.arrays)
+    except ValueError as exc:
+        raise RenderError(f"checkpoint: '{path}' does not fit this run ({exc})") from None
+    x = step.eval_params()
+    if x.ptr != params.data.ptr:
+        wp.copy(params.data, x)
+    after, after_values = snapshot()
+
+    out = run_dir / "render"
+    out.mkdir(exist_ok=True)
+    dt = float(env.dt)
+    titles = ["before training", f"after {saved.iteration} iterations"]
+    video = out / "rollout.mp4"
+    scene = Scene(env.model)
+    targets = getattr(env, "targets", None)
+    if isinstance(targets, wp.array) and targets.dtype == wp.vec3:
+        scene.targets = targets.numpy().reshape(-1, 3)
+    count = draw_video(scene, [before, after], titles, dt, video, fps=fps)
+    series = {
+        name: [("before", before_values[name]), ("after", after_values[name])]
+        for name in after_values
+        if after_values[name].ndim == 3 and after_values[name].shape[0] == env.horizon
+    }
+    plot = out / "rollout.png"
+    names = env.component_names()
+    panels = draw_plots(series, dt, plot, names)
+    write_recording(env.model, before, dt, out / "before.json")
+    write_recording(env.model, after, dt, out / "after.json")
+    return {
+        "checkpoint": str(path),
+        "video": str(video),
+        "frames": count,
+        "plot": str(plot) if panels else None,
+        "panels": panels,
+        "recordings": [str(out / "before.json"), str(out / "after.json")],
+    }
