@@ -5,10 +5,17 @@ overrides that differ between jobs are the swept values; ``summary.json`` gives 
 outcome; the TensorBoard events give the loss curve. Works on a sweep that is still
 running or where jobs failed: such rows say ``unfinished`` or ``failed``.
 
-Writes ``report.csv`` and ``report.png`` (loss curves of every job, and final loss
-against the first swept value) into the sweep folder and returns the table as text,
-sorted by final loss. A job stopped by SIGINT/SIGTERM (a scheduler's pre-emption) is
-``interrupted``, with the iterations it completed. A finished job is marked ``diverged`` when its final loss is not
+Writes ``report.csv`` and ``report.png`` into the sweep folder and returns the table as
+text, sorted by final loss. ``seed`` is treated as replicates: when it is swept, a second
+table (also ``report_by_value.csv``) gives, per value of the other swept keys, the number
+of seeds and the mean and standard deviation of the final loss, the mean clipped fraction
+and the mean of the jobs' median pre-clip gradient norm. The PNG shows the loss curves
+(one colour per value of the first swept key, one line style per seed or per value of the
+other keys, each in the legend) and, against the first swept key, the final loss (every
+seed and the mean with its spread), the clipped fraction and the median pre-clip norm.
+
+A job stopped by SIGINT/SIGTERM (a scheduler's pre-emption) is ``interrupted``, with the
+iterations it completed. A finished job is marked ``diverged`` when its final loss is not
 finite or above ``DIVERGED_FACTOR`` times its initial loss, or when any step had
 non-finite gradients.
 """
@@ -20,7 +27,9 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -46,6 +55,7 @@ class JobRow:
     wall_time_s: float = math.nan
     error: str = ""
     curve: tuple[list[int], list[float]] = ((), ())
+    norm_pre_median: float = math.nan
 
 
 def _overrides(job: Path) -> dict[str, str]:
@@ -54,21 +64,26 @@ def _overrides(job: Path) -> dict[str, str]:
     return {o.key_or_group: o.value() if isinstance(o.value(), str) else str(o.value()) for o in parsed}
 
 
-def _loss_curve(job: Path) -> tuple[list[int], list[float]]:
+def _curves(job: Path) -> tuple[tuple[list[int], list[float]], float]:
+    """The loss curve and the median pre-clip gradient norm, from the job's TensorBoard events."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not list(job.glob("events.out.tfevents.*")):
-        return [], []
+        return ([], []), math.nan
     acc = EventAccumulator(str(job), size_guidance={"scalars": 0})
     acc.Reload()
-    if "loss/total" not in acc.Tags().get("scalars", []):
-        return [], []
-    events = acc.Scalars("loss/total")
-    return [e.step for e in events], [e.value for e in events]
+    tags = acc.Tags().get("scalars", [])
+    curve: tuple[list[int], list[float]] = ([], [])
+    if "loss/total" in tags:
+        events = acc.Scalars("loss/total")
+        curve = ([e.step for e in events], [e.value for e in events])
+    norms = [e.value for e in acc.Scalars("grad/norm_pre")] if "grad/norm_pre" in tags else []
+    return curve, float(np.median(norms)) if norms else math.nan
 
 
 def _read_job(job: Path) -> JobRow:
-    row = JobRow(folder=job, overrides=_overrides(job), status="unfinished", curve=_loss_curve(job))
+    curve, norm = _curves(job)
+    row = JobRow(folder=job, overrides=_overrides(job), status="unfinished", curve=curve, norm_pre_median=norm)
     summary_path = job / "summary.json"
     if not summary_path.exists():
         return row
@@ -102,6 +117,11 @@ def collect(sweep_dir: Path) -> tuple[list[JobRow], list[str]]:
     """Every job of the sweep and the keys whose values differ between jobs."""
     if not sweep_dir.is_dir():
         raise ReportError(f"report: '{sweep_dir}' is not a folder")
+    if (sweep_dir / ".hydra").is_dir() and not (sweep_dir / "multirun.yaml").exists():
+        raise ReportError(
+            f"report: '{sweep_dir}' is a single run, not a sweep; accepted: the folder of a multirun "
+            "(multirun/<time>, holding multirun.yaml and one folder per job)"
+        )
     jobs = sorted(p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml"))
     if not jobs:
         raise ReportError(f"report: '{sweep_dir}' holds no Hydra job folders (no */.hydra/overrides.yaml)")
@@ -119,6 +139,89 @@ def _sort_key(row: JobRow) -> tuple[int, float]:
 
 def _fmt(value: float, spec: str) -> str:
     return "-" if math.isnan(value) else format(value, spec)
+
+
+REPLICATE_KEY = "seed"
+"""A swept key whose values are replicates of one setting, aggregated over."""
+
+
+def _value_order(value: str) -> tuple[bool, float, str]:
+    """Numbers in numeric order (inf last), then other values alphabetically."""
+    number = _as_float(value)
+    return (number is None, number if number is not None else 0.0, value)
+
+
+@dataclasses.dataclass
+class GroupRow:
+    """The jobs that share the values of every swept key but the seed."""
+
+    values: tuple[str, ...]
+    rows: list[JobRow]
+
+    def _finite(self, field: str) -> list[float]:
+        values = [getattr(r, field) for r in self.rows if r.status in ("finished", "diverged")]
+        return [v for v in values if math.isfinite(v)]
+
+    def mean(self, field: str) -> float:
+        values = self._finite(field)
+        return float(np.mean(values)) if values else math.nan
+
+    def std(self, field: str) -> float:
+        values = self._finite(field)
+        return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
+
+    @property
+    def done(self) -> int:
+        return sum(r.status in ("finished", "diverged") for r in self.rows)
+
+
+def aggregate(rows: list[JobRow], swept: list[str]) -> tuple[list[str], list[GroupRow]]:
+    """Group the jobs over the replicate key (seed); groups sorted by their values."""
+    keys = [k for k in swept if k != REPLICATE_KEY]
+    groups: dict[tuple[str, ...], list[JobRow]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row.overrides.get(k, "") for k in keys), []).append(row)
+    ordered = sorted(groups, key=lambda values: [_value_order(v) for v in values])
+    return keys, [GroupRow(values, groups[values]) for values in ordered]
+
+
+def _by_value_table(keys: list[str], groups: list[GroupRow], sweep_dir: Path) -> list[str]:
+    header = [*keys, "seeds", "final_loss_mean", "final_loss_std", "clipped_mean", "norm_pre_median", "diverged"]
+    table = [
+        [
+            *g.values,
+            f"{g.done}/{len(g.rows)}",
+            _fmt(g.mean("final_loss"), ".6g"),
+            _fmt(g.std("final_loss"), ".2g"),
+            _fmt(100 * g.mean("clipped_fraction"), ".0f") + ("%" if math.isfinite(g.mean("clipped_fraction")) else ""),
+            _fmt(g.mean("norm_pre_median"), ".3g"),
+            str(sum(r.status == "diverged" for r in g.rows)),
+        ]
+        for g in groups
+    ]
+    with open(sweep_dir / "report_by_value.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*keys, "seeds_done", "seeds", *header[2:]])
+        for g in groups:
+            writer.writerow(
+                [
+                    *g.values,
+                    g.done,
+                    len(g.rows),
+                    g.mean("final_loss"),
+                    g.std("final_loss"),
+                    g.mean("clipped_fraction"),
+                    g.mean("norm_pre_median"),
+                    sum(r.status == "diverged" for r in g.rows),
+                ]
+            )
+    return _columns(header, table)
+
+
+def _columns(header: list[str], table: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    return lines + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table]
 
 
 def report_sweep(sweep_dir: Path) -> str:
@@ -156,11 +259,16 @@ def report_sweep(sweep_dir: Path) -> str:
                     str(row.folder.relative_to(sweep_dir)),
                 ]
             )
-    _plot(rows, swept, sweep_dir / "report.png")
-    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table]
-    lines.append(f"({len(rows)} jobs; wrote {sweep_dir / 'report.csv'} and {sweep_dir / 'report.png'})")
+    keys, groups = aggregate(rows, swept)
+    _plot(rows, swept, keys, groups, sweep_dir / "report.png")
+    lines = _columns(header, table)
+    written = [sweep_dir / "report.csv"]
+    if REPLICATE_KEY in swept:
+        lines += ["", f"per value, over {REPLICATE_KEY}s (mean and standard deviation of the finished ones):"]
+        lines += _by_value_table(keys, groups, sweep_dir)
+        written.append(sweep_dir / "report_by_value.csv")
+    written.append(sweep_dir / "report.png")
+    lines.append(f"({len(rows)} jobs; wrote {', '.join(str(w) for w in written)})")
     return "\n".join(lines)
 
 
@@ -171,66 +279,88 @@ def _as_float(text: str | None) -> float | None:
         return None
 
 
-def _plot(rows: list[JobRow], swept: list[str], path: Path) -> None:
+def _plot(rows: list[JobRow], swept: list[str], keys: list[str], groups: list[GroupRow], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
-    fig, (curves, finals) = plt.subplots(1, 2, figsize=(12, 4.5))
-    # One colour per value of the first swept key, one line style per combination of the others.
-    key = swept[0] if swept else None
-    firsts = sorted({row.overrides.get(key, "") for row in rows}, key=lambda v: (_as_float(v) is None, _as_float(v), v))
-    rests = sorted({tuple(row.overrides.get(k, "") for k in swept[1:]) for row in rows})
-    colours = plt.get_cmap("viridis" if len(firsts) > 10 else "tab10")
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    curves, finals, clipped, norms = axes.flat
+    # Colour: the first non-seed swept key; line style: the seed (or the other keys' values).
+    key = keys[0] if keys else (swept[0] if swept else None)
+    firsts = sorted({row.overrides.get(key, "") for row in rows}, key=_value_order)
+    style_keys = [REPLICATE_KEY] if REPLICATE_KEY in swept and key != REPLICATE_KEY else keys[1:]
+    styles_of = sorted(
+        {tuple(row.overrides.get(k, "") for k in style_keys) for row in rows},
+        key=lambda values: [_value_order(v) for v in values],
+    )
+    palette = plt.get_cmap("viridis" if len(firsts) > 10 else "tab10")
+
+    def colour(value: str) -> Any:
+        i = firsts.index(value)
+        return palette(i / max(len(firsts) - 1, 1)) if len(firsts) > 10 else palette(i % 10)
+
     styles = ["-", "--", ":", "-."]
-    labelled: set[str] = set()
     for row in rows:
         steps, values = row.curve
-        if not steps:
-            continue
-        first = row.overrides.get(key, "")
-        i = firsts.index(first)
-        colour = colours(i / max(len(firsts) - 1, 1)) if len(firsts) > 10 else colours(i % 10)
-        style = styles[rests.index(tuple(row.overrides.get(k, "") for k in swept[1:])) % len(styles)]
-        label = f"{key}={first}" if key is not None and first not in labelled else None
-        labelled.add(first)
-        curves.plot(steps, values, color=colour, linestyle=style, label=label)
+        if steps:
+            style = styles[styles_of.index(tuple(row.overrides.get(k, "") for k in style_keys)) % len(styles)]
+            curves.plot(steps, values, color=colour(row.overrides.get(key, "")), linestyle=style, linewidth=1.2)
+    handles = [Line2D([], [], color=colour(v), label=f"{key}={v}") for v in firsts if key is not None]
+    if len(styles_of) > 1:
+        handles += [
+            Line2D([], [], color="0.3", linestyle=styles[i % len(styles)],
+                   label=", ".join(f"{k}={v}" for k, v in zip(style_keys, values, strict=True)))
+            for i, values in enumerate(styles_of)
+        ]  # fmt: skip
     curves.set_xlabel("iteration")
+    curves.xaxis.set_major_locator(MaxNLocator(integer=True))
     curves.set_ylabel("loss/total")
-    curves.set_title("loss curves" + (f" (line style: {', '.join(swept[1:])})" if len(swept) > 1 else ""))
-    if any(v > 0 for row in rows for v in row.curve[1]):
+    curves.set_title("loss curves")
+    if any(v > 0 for row in rows for v in row.curve[1]) and all(v > 0 for row in rows for v in row.curve[1]):
         curves.set_yscale("log")
-    if any(row.curve[0] for row in rows):
-        curves.legend(fontsize=7)
+    if handles:
+        curves.legend(handles=handles, fontsize=7, ncol=2 if len(handles) > 8 else 1)
 
-    points = [
-        (_as_float(row.overrides.get(key)), row.final_loss, row.status)
-        for row in rows
-        if key is not None and math.isfinite(row.final_loss)
-    ]
-    numeric = [(x, y, s) for x, y, s in points if x is not None and math.isfinite(x)]
-    unbounded = [(x, y) for x, y, _ in points if x is not None and not math.isfinite(x)]
-    if numeric:
-        for status, marker in (("finished", "o"), ("diverged", "x")):
-            xs = [x for x, _, s in numeric if s == status]
-            ys = [y for _, y, s in numeric if s == status]
-            if xs:
-                finals.scatter(xs, ys, marker=marker, label=status)
-        for x, y in unbounded:  # e.g. max_norm=inf: no position on the axis, a level to compare with
-            finals.axhline(y, linestyle="--", color="gray", linewidth=1)
-            finals.annotate(f"{key}={x:g}", (0.01, y), xycoords=("axes fraction", "data"), fontsize=7)
-        xs = [x for x, _, _ in numeric]
-        if min(xs) > 0 and max(xs) / min(xs) >= 100:
-            finals.set_xscale("log")
-        if all(y > 0 for _, y, _ in numeric) and all(y > 0 for _, y in unbounded):
-            finals.set_yscale("log")
-        finals.set_xlabel(key)
-        finals.legend(fontsize=7)
-    else:
-        finals.text(0.5, 0.5, "no finished job with a numeric swept value", ha="center", va="center")
-    finals.set_ylabel("final loss")
-    finals.set_title("final loss vs " + (key or "job"))
+    xs = {g.values: _as_float(g.values[0]) if g.values else None for g in groups}
+    numeric = [g for g in groups if xs[g.values] is not None and math.isfinite(xs[g.values])]
+    unbounded = [g for g in groups if xs[g.values] is not None and not math.isfinite(xs[g.values])]
+    panels = (
+        (finals, "final_loss", "final loss"),
+        (clipped, "clipped_fraction", "clipped fraction of steps"),
+        (norms, "norm_pre_median", "median pre-clip gradient norm"),
+    )
+    for ax, field, label in panels:
+        if not numeric:
+            ax.text(0.5, 0.5, f"no numeric value of {key} to plot against", ha="center", va="center")
+            ax.set_title(f"{label} vs {key}")
+            continue
+        for g in numeric:
+            x = xs[g.values]
+            seeds = [getattr(r, field) for r in g.rows if r.status in ("finished", "diverged")]
+            ax.scatter([x] * len(seeds), seeds, s=12, color="0.6", zorder=2)
+        gx = [xs[g.values] for g in numeric]
+        means = [g.mean(field) for g in numeric]
+        spread = [0.0 if math.isnan(g.std(field)) else g.std(field) for g in numeric]
+        ax.errorbar(gx, means, yerr=spread, color="tab:blue", marker="o", capsize=3, zorder=3,
+                    label="mean +- std over seeds" if REPLICATE_KEY in swept else "value")  # fmt: skip
+        ax.scatter([], [], s=12, color="0.6", label="each job")
+        for g in unbounded:  # e.g. max_norm=inf: no position on the axis, a level to compare with
+            ax.axhline(g.mean(field), linestyle="--", color="gray", linewidth=1, label=f"{key}={g.values[0]}")
+        if min(gx) > 0 and max(gx) / min(gx) >= 100:
+            ax.set_xscale("log")
+        if field == "norm_pre_median" and key is not None and "max_norm" in key:
+            ax.plot(gx, gx, color="tab:red", linestyle=":", label=f"{key} (clipping above)")
+        finite = [v for g in groups for v in g._finite(field)]
+        if field != "clipped_fraction" and finite and min(finite) > 0:
+            ax.set_yscale("log")
+        ax.set_xlabel(key)
+        ax.set_ylabel(label)
+        ax.set_title(f"{label} vs {key}")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -272,3 +272,42 @@ def test_parallel_jobs_share_a_cold_kernel_cache_compiled_once_before_launch(tmp
     featherstone_loads = [line for line in after if "featherstone" in line and "(cached)" in line]
     assert len(featherstone_loads) >= 2  # once in each job
     assert len(list(cache.rglob("*featherstone*"))) >= 1
+
+
+def test_report_treats_seeds_as_replicates_and_plots_against_the_threshold(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = harness(
+        "train", "-m", *TINY, "clip.max_norm=1e-6,1,inf", "seed=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = harness("report", str(sweep), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    start = lines.index("per value, over seeds (mean and standard deviation of the finished ones):")
+    header, *values = lines[start + 1 : start + 5]
+    assert header.split()[:3] == ["clip.max_norm", "seeds", "final_loss_mean"]
+    assert [v.split()[0] for v in values] == ["1e-06", "1", "inf"]  # sorted by value, not by loss
+    assert all(v.split()[1] == "2/2" for v in values)
+    assert values[0].split()[4] == "100%" and values[1].split()[4] == "0%"  # 1e-6 clips every step
+    with open(sweep / "report.csv") as f:
+        jobs = list(csv.DictReader(f))
+    with open(sweep / "report_by_value.csv") as f:
+        groups = {row["clip.max_norm"]: row for row in csv.DictReader(f)}
+    for value, group in groups.items():
+        finals = [float(j["final_loss"]) for j in jobs if j["clip.max_norm"] == value]
+        assert len(finals) == 2
+        assert float(group["final_loss_mean"]) == pytest.approx(sum(finals) / 2, rel=1e-12)
+        assert float(group["final_loss_std"]) == pytest.approx(abs(finals[0] - finals[1]) / 2**0.5, rel=1e-9)
+    png = (sweep / "report.png").read_bytes()
+    assert png[:4] == b"\x89PNG" and int.from_bytes(png[16:20], "big") >= 1200
+
+
+def test_report_on_a_single_run_says_it_is_not_a_sweep(tmp_path):
+    run_dir = tmp_path / "run"
+    assert harness("train", *TINY, f"hydra.run.dir={run_dir}", cwd=tmp_path).returncode == 0
+    out = harness("report", str(run_dir), cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"error: report: '{run_dir}' is a single run, not a sweep; accepted: the folder of a multirun "
+        "(multirun/<time>, holding multirun.yaml and one folder per job)"
+    ]
