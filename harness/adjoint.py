@@ -68,6 +68,7 @@ def _adjoint_clip_kernel(
     a6: wp.array2d(dtype=wp.float32),
     a7: wp.array2d(dtype=wp.float32),
     sumsq: wp.array2d(dtype=wp.float64),
+    rescaled: wp.array(dtype=wp.float32),
 ):
     # One thread per world: its whole state adjoint is small (a few dofs or bodies).
     w = wp.tid()
@@ -91,6 +92,7 @@ def _adjoint_clip_kernel(
         return
     coef = max_norm / (wp.sqrt(s) + wp.float64(1.0e-6))
     if coef < wp.float64(1.0):  # false for a nan coefficient: a nan adjoint is left as it is
+        rescaled[0] = wp.float32(1.0)  # every writer writes the same value
         c = wp.float32(coef)
         _scale_row(a0, w, c)
         if count > 1:
@@ -107,17 +109,6 @@ def _adjoint_clip_kernel(
             _scale_row(a6, w, c)
         if count > 7:
             _scale_row(a7, w, c)
-
-
-@wp.kernel
-def _any_rescaled_kernel(sumsq: wp.array2d(dtype=wp.float64), max_norm: wp.float64, out: wp.array(dtype=wp.float32)):
-    # One thread: did any (step, world) adjoint get rescaled in the last backward? The test
-    # is the clip kernel's own (coef < 1).
-    out[0] = wp.float32(0.0)
-    for t in range(sumsq.shape[0]):
-        for w in range(sumsq.shape[1]):
-            if max_norm / (wp.sqrt(sumsq[t, w]) + wp.float64(1.0e-6)) < wp.float64(1.0):
-                out[0] = wp.float32(1.0)
 
 
 def _flat_grad_view(array: wp.array, world_count: int) -> wp.array:
@@ -143,7 +134,7 @@ class AdjointClipper:
     Usage (what the trainer does each iteration)::
 
         tape = wp.Tape()
-        hook = clipper.step_hook(tape)          # zeroes the profile (one launch)
+        hook = clipper.step_hook(tape)          # zeroes the profile and the rescaled flag
         with tape:
             trajectory = rollout(env, task, params, after_step=hook)
             loss = loss_fn(trajectory)
@@ -159,7 +150,7 @@ class AdjointClipper:
     Attributes:
         sumsq: float64 ``(horizon, world_count)``: the squared pre-clip adjoint norm of
             state ``t + 1`` of every world, written during the last backward.
-        rescaled: float32 ``(1,)``: 1 when :meth:`mark_rescaled` found a rescaled adjoint.
+        rescaled: float32 ``(1,)``: 1 when the last backward rescaled any step's adjoint, else 0.
         elapsed_s: Host time spent in the backward callbacks since construction [s] (on a
             CPU device the launches are synchronous, so this is their cost).
     """
@@ -183,8 +174,10 @@ class AdjointClipper:
         return self.max_norm is not None and np.isfinite(self.max_norm)
 
     def step_hook(self, tape: wp.Tape):
-        """Zero the profile and return the ``after_step`` hook that records into ``tape``."""
+        """Zero the profile and the rescaled flag, and return the ``after_step`` hook that
+        records into ``tape``."""
         self.sumsq.zero_()
+        self.rescaled.zero_()
 
         def hook(step: int, arrays: list[wp.array]) -> None:
             if not 0 <= step < self.horizon:
@@ -202,21 +195,10 @@ class AdjointClipper:
         wp.launch(
             _adjoint_clip_kernel,
             dim=self.world_count,
-            inputs=[step, count, wp.float64(self.max_norm or 0.0), int(self.scales), *views, self.sumsq],
+            inputs=[step, count, wp.float64(self.max_norm or 0.0), int(self.scales), *views, self.sumsq, self.rescaled],
             device=self.device,
         )
         self.elapsed_s += time.perf_counter() - start
-
-    def mark_rescaled(self) -> None:
-        """Set :attr:`rescaled` to 1 when the last backward rescaled any step's adjoint, else
-        0 (one launch, after backward; on the device)."""
-        wp.launch(
-            _any_rescaled_kernel,
-            dim=1,
-            inputs=[self.sumsq, wp.float64(self.max_norm or 0.0)],
-            outputs=[self.rescaled],
-            device=self.device,
-        )
 
     def profile(self) -> np.ndarray:
         """Host copy of the per-step, per-world pre-clip adjoint norms, ``(horizon, world_count)``.

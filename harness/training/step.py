@@ -348,8 +348,6 @@ class TrainStep:
         """Issue every launch of one iteration (eagerly, or into a capture in progress)."""
         state, params = self.state, self.state.params
         self.forward_backward()
-        if self.adjoint is not None and self.adjoint.scales:
-            self.adjoint.mark_rescaled()
         t0 = time.perf_counter()
         self.stats_pre.compute(params.grad)
         wp.copy(self.grad_pre, params.grad)
