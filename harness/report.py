@@ -158,21 +158,26 @@ class GroupRow:
     values: tuple[str, ...]
     rows: list[JobRow]
 
-    def _finite(self, field: str) -> list[float]:
-        values = [getattr(r, field) for r in self.rows if r.status in ("finished", "diverged")]
-        return [v for v in values if math.isfinite(v)]
+    @property
+    def done(self) -> list[JobRow]:
+        """The jobs that ran to the end (finished or diverged)."""
+        return [r for r in self.rows if r.status in ("finished", "diverged")]
+
+    @property
+    def diverged(self) -> int:
+        return sum(r.status == "diverged" for r in self.rows)
+
+    def finite(self, field: str) -> list[float]:
+        """The finite values of ``field`` over the jobs that ran to the end."""
+        return [v for v in (getattr(r, field) for r in self.done) if math.isfinite(v)]
 
     def mean(self, field: str) -> float:
-        values = self._finite(field)
+        values = self.finite(field)
         return float(np.mean(values)) if values else math.nan
 
     def std(self, field: str) -> float:
-        values = self._finite(field)
+        values = self.finite(field)
         return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
-
-    @property
-    def done(self) -> int:
-        return sum(r.status in ("finished", "diverged") for r in self.rows)
 
 
 def aggregate(rows: list[JobRow], swept: list[str]) -> tuple[list[str], list[GroupRow]]:
@@ -186,36 +191,29 @@ def aggregate(rows: list[JobRow], swept: list[str]) -> tuple[list[str], list[Gro
 
 
 def _by_value_table(keys: list[str], groups: list[GroupRow], sweep_dir: Path) -> list[str]:
-    header = [*keys, "seeds", "final_loss_mean", "final_loss_std", "clipped_mean", "norm_pre_median", "diverged"]
+    fields = ("final_loss_mean", "final_loss_std", "clipped_mean", "norm_pre_median", "diverged")
+    stats = [
+        (g.mean("final_loss"), g.std("final_loss"), g.mean("clipped_fraction"), g.mean("norm_pre_median"), g.diverged)
+        for g in groups
+    ]
     table = [
         [
             *g.values,
-            f"{g.done}/{len(g.rows)}",
-            _fmt(g.mean("final_loss"), ".6g"),
-            _fmt(g.std("final_loss"), ".2g"),
-            _fmt(100 * g.mean("clipped_fraction"), ".0f") + ("%" if math.isfinite(g.mean("clipped_fraction")) else ""),
-            _fmt(g.mean("norm_pre_median"), ".3g"),
-            str(sum(r.status == "diverged" for r in g.rows)),
+            f"{len(g.done)}/{len(g.rows)}",
+            _fmt(mean, ".6g"),
+            _fmt(std, ".2g"),
+            _fmt(100 * clipped, ".0f") + ("%" if math.isfinite(clipped) else ""),
+            _fmt(norm, ".3g"),
+            str(diverged),
         ]
-        for g in groups
+        for g, (mean, std, clipped, norm, diverged) in zip(groups, stats, strict=True)
     ]
     with open(sweep_dir / "report_by_value.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([*keys, "seeds_done", "seeds", *header[2:]])
-        for g in groups:
-            writer.writerow(
-                [
-                    *g.values,
-                    g.done,
-                    len(g.rows),
-                    g.mean("final_loss"),
-                    g.std("final_loss"),
-                    g.mean("clipped_fraction"),
-                    g.mean("norm_pre_median"),
-                    sum(r.status == "diverged" for r in g.rows),
-                ]
-            )
-    return _columns(header, table)
+        writer.writerow([*keys, "seeds_done", "seeds", *fields])
+        for g, values in zip(groups, stats, strict=True):
+            writer.writerow([*g.values, len(g.done), len(g.rows), *values])
+    return _columns([*keys, "seeds", *fields], table)
 
 
 def _columns(header: list[str], table: list[list[str]]) -> list[str]:
@@ -320,7 +318,8 @@ def _plot(rows: list[JobRow], swept: list[str], keys: list[str], groups: list[Gr
     curves.xaxis.set_major_locator(MaxNLocator(integer=True))
     curves.set_ylabel("loss/total")
     curves.set_title("loss curves")
-    if any(v > 0 for row in rows for v in row.curve[1]) and all(v > 0 for row in rows for v in row.curve[1]):
+    losses = [v for row in rows for v in row.curve[1]]
+    if losses and min(losses) > 0:
         curves.set_yscale("log")
     if handles:
         curves.legend(handles=handles, fontsize=7, ncol=2 if len(handles) > 8 else 1)
@@ -339,22 +338,25 @@ def _plot(rows: list[JobRow], swept: list[str], keys: list[str], groups: list[Gr
             ax.set_title(f"{label} vs {key}")
             continue
         for g in numeric:
-            x = xs[g.values]
-            seeds = [getattr(r, field) for r in g.rows if r.status in ("finished", "diverged")]
-            ax.scatter([x] * len(seeds), seeds, s=12, color="0.6", zorder=2)
-        gx = [xs[g.values] for g in numeric]
-        means = [g.mean(field) for g in numeric]
-        spread = [0.0 if math.isnan(g.std(field)) else g.std(field) for g in numeric]
-        ax.errorbar(gx, means, yerr=spread, color="tab:blue", marker="o", capsize=3, zorder=3,
-                    label="mean +- std over seeds" if REPLICATE_KEY in swept else "value")  # fmt: skip
+            jobs = [getattr(r, field) for r in g.done]
+            ax.scatter([xs[g.values]] * len(jobs), jobs, s=12, color="0.6", zorder=2)
+        # One line per combination of the other swept keys: only equal settings are joined.
+        for i, rest in enumerate(sorted({g.values[1:] for g in numeric}, key=lambda v: [_value_order(x) for x in v])):
+            line = [g for g in numeric if g.values[1:] == rest]
+            spread = [0.0 if math.isnan(std) else std for std in (g.std(field) for g in line)]
+            what = "mean +- std over seeds" if REPLICATE_KEY in swept else "value"
+            where = ", ".join(f"{k}={v}" for k, v in zip(keys[1:], rest, strict=True))
+            ax.errorbar([xs[g.values] for g in line], [g.mean(field) for g in line], yerr=spread, color=f"C{i}",
+                        marker="o", capsize=3, zorder=3, label=f"{what}, {where}" if where else what)  # fmt: skip
         ax.scatter([], [], s=12, color="0.6", label="each job")
+        gx = [xs[g.values] for g in numeric]
         for g in unbounded:  # e.g. max_norm=inf: no position on the axis, a level to compare with
             ax.axhline(g.mean(field), linestyle="--", color="gray", linewidth=1, label=f"{key}={g.values[0]}")
         if min(gx) > 0 and max(gx) / min(gx) >= 100:
             ax.set_xscale("log")
         if field == "norm_pre_median" and key is not None and "max_norm" in key:
             ax.plot(gx, gx, color="tab:red", linestyle=":", label=f"{key} (clipping above)")
-        finite = [v for g in groups for v in g._finite(field)]
+        finite = [v for g in groups for v in g.finite(field)]
         if field != "clipped_fraction" and finite and min(finite) > 0:
             ax.set_yscale("log")
         ax.set_xlabel(key)
