@@ -59,15 +59,15 @@ def init_warp() -> None:
         os.dup2(caught.fileno(), 2)  # the native library writes to file descriptor 2 directly
         try:
             wp.init()
-        finally:
+        finally:  # also when wp.init() raises: what it printed is passed on
             os.dup2(saved, 2)
             os.close(saved)
-        caught.seek(0)
-        lines = caught.read().decode(errors="replace").splitlines(keepends=True)
-    kept = "".join(line for line in lines if not line.startswith(_NO_DRIVER))
-    if kept:
-        sys.stderr.write(kept)
-        sys.stderr.flush()
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not line.startswith(_NO_DRIVER))
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()
     _initialised = True
 
 

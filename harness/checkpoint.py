@@ -128,19 +128,20 @@ def set_aside_newer(resumed: Path, iteration: int) -> list[Path]:
     return moved
 
 
-def load(path: Path) -> Checkpoint:
-    """Read and verify a checkpoint file; raises :class:`CheckpointError` when unusable."""
+def load(path: Path, *, field: str = "resume") -> Checkpoint:
+    """Read and verify a checkpoint file; raises :class:`CheckpointError` when unusable
+    (the message starts with ``field``, the setting that named the file)."""
     path = Path(path)
     try:
         blob = path.read_bytes()
     except OSError as exc:
-        raise CheckpointError(f"resume: cannot read checkpoint '{path}' ({exc.strerror})") from None
+        raise CheckpointError(f"{field}: cannot read checkpoint '{path}' ({exc.strerror})") from None
     header = len(MAGIC) + 32
     if len(blob) < header or blob[: len(MAGIC)] != MAGIC:
-        raise CheckpointError(f"resume: '{path}' is not a harness checkpoint (bad header; truncated or foreign file)")
+        raise CheckpointError(f"{field}: '{path}' is not a harness checkpoint (bad header; truncated or foreign file)")
     digest, payload = blob[len(MAGIC) : header], blob[header:]
     if hashlib.sha256(payload).digest() != digest:
-        raise CheckpointError(f"resume: checkpoint '{path}' is corrupted (checksum mismatch: truncated or modified)")
+        raise CheckpointError(f"{field}: checkpoint '{path}' is corrupted (checksum mismatch: truncated or modified)")
     with np.load(io.BytesIO(payload), allow_pickle=False) as data:
         meta = json.loads(bytes(data["meta"]).decode())
         arrays = {k[2:]: data[k].copy() for k in data.files if k.startswith("a/")}
@@ -155,6 +156,7 @@ def check_fits(
     shapes: dict[str, Any] | None = None,
     iterations: int | None = None,
     components: dict[str, Any] | None = None,
+    field: str = "resume",
 ) -> None:
     """Refuse a checkpoint that another problem wrote; each given criterion is checked.
 
@@ -169,6 +171,7 @@ def check_fits(
         iterations: This run's ``iterations`` (must reach the checkpoint's iteration).
         components: Further identity entries of the checkpoint's meta that must match
             (``layout``, ``optimizer``, ``schedule``, ``clip``).
+        field: The setting that named the checkpoint (starts the messages).
 
     Raises:
         CheckpointError: One line naming the file, what differs and what would fit.
@@ -176,13 +179,15 @@ def check_fits(
     meta = saved.meta
     if env is not None and meta.get("env") != env:
         raise CheckpointError(
-            f"resume: checkpoint '{path}' was written by env '{meta.get('env')}'; this run's env is '{env}'"
+            f"{field}: checkpoint '{path}' was written by env '{meta.get('env')}'; this run's env is '{env}'"
         )
     if shapes is not None:
         saved_shapes = {name: tuple(shape) for name, shape, *_ in meta.get("layout", [])}
         mine = {name: tuple(shape) for name, shape in shapes.items()}
         if saved_shapes != mine:
-            raise CheckpointError(f"resume: checkpoint '{path}' holds parameters {saved_shapes}; this run's are {mine}")
+            raise CheckpointError(
+                f"{field}: checkpoint '{path}' holds parameters {saved_shapes}; this run's are {mine}"
+            )
     if iterations is not None and saved.iteration > iterations:
         raise CheckpointError(
             f"iterations: {iterations} is before the checkpoint's iteration {saved.iteration} ('{path}'); "
@@ -191,18 +196,19 @@ def check_fits(
     for key, mine in (components or {}).items():
         if meta.get(key) != mine:
             raise CheckpointError(
-                f"resume: checkpoint '{path}' does not fit this run: its {key} is {meta.get(key)!r}, "
+                f"{field}: checkpoint '{path}' does not fit this run: its {key} is {meta.get(key)!r}, "
                 f"this run's is {mine!r}"
             )
 
 
-def resolve(resume: str, run_dir: Path) -> Path | None:
+def resolve(resume: str, run_dir: Path, *, field: str = "resume") -> Path | None:
     """The checkpoint file ``resume`` points at.
 
     Args:
         resume: ``auto`` (the newest checkpoint of ``run_dir``, None when there is none),
             a checkpoint file, or a run folder (its newest checkpoint).
         run_dir: This run's folder.
+        field: The setting that named the checkpoint (starts the messages).
     """
     if resume == "auto":
         found = list_checkpoints(checkpoint_dir(run_dir))
@@ -211,8 +217,8 @@ def resolve(resume: str, run_dir: Path) -> Path | None:
     if path.is_dir():
         found = list_checkpoints(checkpoint_dir(path)) or list_checkpoints(path)
         if not found:
-            raise CheckpointError(f"resume: no checkpoint in '{path}' (looked for checkpoints/ckpt_*{SUFFIX})")
+            raise CheckpointError(f"{field}: no checkpoint in '{path}' (looked for checkpoints/ckpt_*{SUFFIX})")
         return found[-1]
     if not path.exists():
-        raise CheckpointError(f"resume: '{path}' does not exist; accepted: auto, a run folder or a checkpoint file")
+        raise CheckpointError(f"{field}: '{path}' does not exist; accepted: auto, a run folder or a checkpoint file")
     return path

@@ -14,7 +14,6 @@ config into typed objects and call plain functions.
 
 from __future__ import annotations
 
-import math
 import os
 import shlex
 import shutil
@@ -71,30 +70,23 @@ def train_command(cfg: DictConfig) -> float:
     # again when Ctrl-C comes before training starts, so no empty run is left behind.
     fresh = hydra_cfg.mode.name != "MULTIRUN" and {p.name for p in run_dir.iterdir()} <= {".hydra"}
     try:
-        return _train(cfg, hydra_cfg, run_dir)
-    except _NotStarted:
+        trainer = _prepare(cfg, hydra_cfg, run_dir)
+    except KeyboardInterrupt:
         if fresh:
             shutil.rmtree(run_dir, ignore_errors=True)
         kept = "nothing was kept" if fresh else f"{run_dir} was left as it was (Hydra rewrote its .hydra/)"
         print(f"interrupted before training started; {kept}", file=sys.stderr)
         sys.exit(130)
+    return _train(cfg, hydra_cfg, run_dir, trainer)
 
 
-class _NotStarted(Exception):
-    """Ctrl-C arrived before the training loop took over signal handling."""
-
-
-def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
+def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> float:
     import warp as wp
 
     from harness import checkpoint
     from harness.clip import NonFiniteGradientError
     from harness.training import TrainingInterrupted, write_json
 
-    try:
-        trainer = _prepare(cfg, hydra_cfg, run_dir)
-    except KeyboardInterrupt:
-        raise _NotStarted from None
     # Jobs of a sweep may run side by side (joblib): label their lines.
     label = f"[job {hydra_cfg.job.num}: {hydra_cfg.job.override_dirname}]" if hydra_cfg.mode.name == "MULTIRUN" else ""
     say = f"{label} " if label else ""
@@ -108,7 +100,7 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
         )
     except TrainingInterrupted as exc:
         again = [o for o in hydra_cfg.overrides.task if not o.startswith("resume=")]
-        command = shlex.join(["python", "-m", "harness", "train", *again, "resume=auto", f"hydra.run.dir={run_dir}"])
+        command = shlex.join(["python", "-m", "harness", "train", *again, "resume=auto", run_dir_override(run_dir)])
         print(f"{exc}; summary.json written; continue with: {command}", file=sys.stderr, flush=True)
         sys.exit(128 + exc.signum)
     except checkpoint.CheckpointError as exc:  # refused before training: the run folder stays as it was
@@ -134,11 +126,12 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
         write_json(run_dir / "summary.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
         raise
     reduction = summary["loss_reduction"]
+    adjoint_logged = "adjoint/clipped" in trainer.step.columns  # the in-backward clip rescales
     print(
         f"{say}done: loss {summary['initial_loss']:.6g} -> {summary['final_loss']:.6g}"
         + (f" ({abs(100 * reduction):.1f}% {'lower' if reduction >= 0 else 'higher'})" if reduction is not None else "")
         + f", {summary['clipped_steps']} clipped steps"
-        + (f" (adjoint clipped in {summary['adjoint_clipped_steps']})" if _adjoint_clips(cfg) else "")
+        + (f" (adjoint clipped in {summary['adjoint_clipped_steps']})" if adjoint_logged else "")
         + f", {summary['wall_time_s']:.1f} s",
         flush=True,
     )
@@ -172,9 +165,13 @@ def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:
     return trainer
 
 
-def _adjoint_clips(cfg: DictConfig) -> bool:
-    limit = cfg.clip.get("adjoint", {}).get("max_norm")
-    return limit is not None and math.isfinite(float(limit))
+def run_dir_override(folder: str | Path) -> str:
+    """``hydra.run.dir=<folder>`` as Hydra parses it: quoted when the name holds characters
+    of Hydra's override grammar (job folders of a sweep are named like ``clip.max_norm=1,seed=2``)."""
+    text = str(folder)
+    if not any(c in text for c in ",=[]{}()'\" \\"):
+        return f"hydra.run.dir={text}"
+    return "hydra.run.dir='" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 @hydra.main(version_base="1.3", config_path=str(config.CONFIG_DIR), config_name="gradcheck")
@@ -259,23 +256,22 @@ def render_command() -> None:
     from harness.render import RenderError, render_run
 
     args = sys.argv[1:]
-    folders = [a for a in args if "=" not in a]
-    options = dict(a.split("=", 1) for a in args if "=" in a)
+    is_option = [a.partition("=")[0].isidentifier() and "=" in a for a in args]  # sweep job folders hold '='
+    folders = [a for a, option in zip(args, is_option, strict=True) if not option]
+    options = dict(a.split("=", 1) for a, option in zip(args, is_option, strict=True) if option)
     if len(folders) != 1 or folders[0].startswith("-"):
         _fail(ValueError("render: expects one run folder, e.g. python -m harness render outputs/cartpole/<time>"))
     unknown = sorted(set(options) - {"checkpoint", "frames", "fps"})
     if unknown:
         _fail(ValueError(f"render: unknown option '{unknown[0]}'; accepted: checkpoint=PATH, frames=N, fps=N"))
     numbers = {}
-    for key, default in (("frames", 120), ("fps", 30)):
+    for key, default, least in (("frames", 120, 2), ("fps", 30, 1)):
         try:
             numbers[key] = int(options.get(key, default))
         except ValueError:
-            numbers[key] = 0
-        if (numbers[key] < 2 and key == "frames") or numbers[key] < 1:
-            _fail(
-                ValueError(f"render: {key} must be a whole number >= {2 if key == 'frames' else 1}, got {options[key]}")
-            )
+            numbers[key] = least - 1
+        if numbers[key] < least:
+            _fail(ValueError(f"render: {key} must be a whole number >= {least}, got {options[key]}"))
     init_warp()
     try:
         written = render_run(Path(folders[0]), checkpoint=options.get("checkpoint"), **numbers)
@@ -339,10 +335,7 @@ def main(argv: list[str] | None = None) -> None:
             print("interrupted before training started; nothing was written", file=sys.stderr)
             sys.exit(130)
         if resume_folder is not None and not any(a.startswith("hydra.run.dir=") for a in overrides):
-            # A resume continues in the checkpoint's run folder; quoted, since job folders of a
-            # sweep are named like "clip.max_norm=1,seed=2".
-            quoted = str(resume_folder).replace("\\", "\\\\").replace("'", "\\'")
-            overrides = [*overrides, f"hydra.run.dir='{quoted}'"]
+            overrides = [*overrides, run_dir_override(resume_folder)]  # continue in the checkpoint's folder
     try:
         overrides = config.search_path_overrides(overrides)
     except config.ConfigError as exc:

@@ -25,10 +25,6 @@ from typing import Any
 
 import numpy as np
 
-GEO_SPHERE, GEO_CAPSULE, GEO_ELLIPSOID, GEO_CYLINDER, GEO_BOX, GEO_CONE = 3, 4, 5, 6, 7, 9
-"""``newton.GeoType`` values of the shapes drawn as outlines (planes are drawn as the ground line)."""
-GEO_PLANE = 1
-
 
 class RenderError(ValueError):
     """Bad input to ``render``: one line naming the argument and what is accepted."""
@@ -60,25 +56,33 @@ def record_frames(env: Any, task: Any, params: Any, steps: list[int]) -> tuple[F
     Returns:
         The frames and the rollout's trajectory (device arrays).
     """
+    import newton
+
     from harness.tasks import rollout
 
+    model = env.model
     wanted = set(steps)
     bodies: list[np.ndarray] = []
     particles: list[np.ndarray] = []
+    # Body poses from the joint coordinates (forward kinematics): a reduced-coordinate
+    # solver's initial State holds joint_q only, its body_q is not yet computed.
+    posed = model.state() if model.joint_count else None
 
     def grab(state: Any) -> None:
-        if env.model.body_count:
+        if posed is not None:
+            newton.eval_fk(model, state.joint_q, state.joint_qd, posed)
+            bodies.append(posed.body_q.numpy().copy())
+        elif model.body_count:
             bodies.append(state.body_q.numpy().copy())
-        if env.model.particle_count:
+        if model.particle_count:
             particles.append(state.particle_q.numpy().copy())
 
     def after_step(t: int, _arrays: Any) -> None:
+        if t == 0 and 0 in wanted:  # the initial state as the task set it (still intact after step 0)
+            grab(env.state(0))
         if t + 1 in wanted:
             grab(env.state(t + 1))
 
-    env.reset()
-    if 0 in wanted:
-        grab(env.state(0))
     trajectory = rollout(env, task, params, after_step=after_step)
     return (
         Frames(
@@ -102,19 +106,21 @@ def _rotate(q: np.ndarray, v: np.ndarray) -> np.ndarray:
 def _local_points(kind: int, scale: np.ndarray) -> np.ndarray | None:
     """Points whose projected outline is the shape's silhouette (Newton's shape frames:
     boxes by half extents, capsules and cylinders along local z)."""
-    if kind == GEO_BOX:
+    from newton import GeoType
+
+    if kind == GeoType.BOX:
         corners = np.array([[x, y, z] for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)], dtype=float)
         return corners * scale[:3]
     ring = np.linspace(0.0, 2.0 * np.pi, 16, endpoint=False)
     circle = np.stack([np.cos(ring), np.sin(ring), np.zeros_like(ring)], axis=1)
     ball = np.concatenate([circle, circle[:, [0, 2, 1]], circle[:, [2, 0, 1]]])
-    if kind == GEO_SPHERE:
+    if kind == GeoType.SPHERE:
         return ball * scale[0]
-    if kind == GEO_ELLIPSOID:
+    if kind == GeoType.ELLIPSOID:
         return ball * scale[:3]
-    if kind in (GEO_CAPSULE, GEO_CYLINDER, GEO_CONE):
+    if kind in (GeoType.CAPSULE, GeoType.CYLINDER, GeoType.CONE):
         r, h = scale[0], scale[1]
-        end = ball * r if kind == GEO_CAPSULE else circle * r
+        end = ball * r if kind == GeoType.CAPSULE else circle * r
         offset = np.array([0.0, 0.0, h])
         return np.concatenate([end + offset, end - offset])
     return None
@@ -146,10 +152,12 @@ class Scene:
     """What to draw of a Newton model, and how to project it onto a vertical plane."""
 
     def __init__(self, model: Any):
+        import newton
+
         self.up = int(model.up_axis)
         kinds = model.shape_type.numpy() if model.shape_count else np.zeros(0, int)
-        self.ground = bool((kinds == GEO_PLANE).any())
-        self.shapes: list[tuple[int, np.ndarray, np.ndarray]] = []  # (body, local points in body frame, ...)
+        self.ground = bool((kinds == int(newton.GeoType.PLANE)).any())
+        self.shapes: list[tuple[int, np.ndarray]] = []  # (body, the shape's points in the body's frame)
         if model.shape_count:
             bodies = model.shape_body.numpy()
             xforms = model.shape_transform.numpy()
@@ -159,7 +167,7 @@ class Scene:
                 if local is None:
                     continue
                 points = _rotate(np.asarray(xform[3:7], dtype=float), local) + xform[:3]
-                self.shapes.append((int(body), points, np.zeros(0)))
+                self.shapes.append((int(body), points))
         springs = getattr(model, "spring_indices", None)
         self.springs = springs.numpy().reshape(-1, 2) if springs is not None and springs.shape[0] else None
         self.across = 0 if self.up != 0 else 1  # horizontal axis, chosen by :meth:`fit`
@@ -168,7 +176,7 @@ class Scene:
     def world_points(self, frames: Frames, k: int) -> tuple[list[np.ndarray], np.ndarray | None]:
         """Shape point clouds and particle positions of frame ``k``, in world coordinates."""
         clouds = []
-        for body, points, _ in self.shapes:
+        for body, points in self.shapes:
             if body < 0:
                 clouds.append(points)
             elif frames.body_q is not None:
@@ -321,10 +329,8 @@ def _record(viewer: Any, model: Any, frames: Frames, dt: float) -> None:
     viewer.close()
 
 
-def render_run(
-    run_dir: Path, *, checkpoint: str | None = None, frames: int = 120, fps: int = 30, device: str | None = "cpu"
-) -> dict[str, Any]:
-    """Render a run folder (see the module docstring); returns what was written.
+def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 120, fps: int = 30) -> dict[str, Any]:
+    """Render a run folder on the CPU (see the module docstring); returns what was written.
 
     Raises:
         RenderError: One line: not a run folder, no checkpoint, an env that cannot be drawn.
@@ -335,6 +341,7 @@ def render_run(
     from harness import checkpoint as ckpt
     from harness import config
     from harness.newton_env import NewtonEnv
+    from harness.training.callbacks import check_identity
 
     overrides_file = run_dir / ".hydra" / "overrides.yaml"
     if not overrides_file.is_file():
@@ -345,15 +352,15 @@ def render_run(
         o for o in yaml.safe_load(overrides_file.read_text()) or [] if not o.startswith(("resume=", "device="))
     ]
     try:
-        path = ckpt.resolve(checkpoint or "auto", run_dir)
+        path = ckpt.resolve(checkpoint or "auto", run_dir, field="checkpoint")
     except ckpt.CheckpointError as exc:
-        raise RenderError(str(exc).replace("resume:", "checkpoint:", 1)) from None
+        raise RenderError(str(exc)) from None
     if path is None:
         raise RenderError(
             f"render: no checkpoint in '{run_dir / 'checkpoints'}'; accepted: a finished or interrupted run"
         )
     try:
-        cfg, choices = config.compose_config("train", [*overrides, f"device={device or 'null'}"])
+        cfg, choices = config.compose_config("train", [*overrides, "device=cpu"])
         run = config.build_run(cfg, choices)
     except config.ConfigError as exc:
         raise RenderError(f"render: the run's config: {exc}") from None
@@ -373,16 +380,18 @@ def render_run(
                 values[f"{name} (trained)"] = value.copy()
         return shot, values
 
+    try:  # the checks a resume makes: the same env, parameter layout and components
+        saved = ckpt.load(path, field="checkpoint")
+        check_identity(saved, path, step, field="checkpoint")
+    except ckpt.CheckpointError as exc:
+        raise RenderError(str(exc)) from None
     before, before_values = snapshot()
-    saved = ckpt.load(path)
     try:
         step.state.load(saved.arrays)
     except ValueError as exc:
         raise RenderError(f"checkpoint: '{path}' does not fit this run ({exc})") from None
-    x = step.eval_params()
-    if x.ptr != params.data.ptr:
-        wp.copy(params.data, x)
-    after, after_values = snapshot()
+    with step.at_eval_params():
+        after, after_values = snapshot()
 
     out = run_dir / "render"
     out.mkdir(exist_ok=True)

@@ -45,6 +45,23 @@ def run_identity(loop_or_step: Any) -> dict[str, Any]:
     }
 
 
+def check_identity(
+    saved: ckpt.Checkpoint, path: Path, step: Any, *, iterations: int | None = None, field: str = "resume"
+) -> None:
+    """Refuse a checkpoint whose :func:`run_identity` differs from ``step``'s (one line,
+    :class:`harness.checkpoint.CheckpointError`)."""
+    identity = run_identity(step)
+    ckpt.check_fits(
+        saved,
+        path,
+        env=identity["env"],
+        shapes={name: shape for name, shape, *_ in identity["layout"]},
+        iterations=iterations,
+        components={key: identity[key] for key in ("layout", "optimizer", "schedule", "clip")},
+        field=field,
+    )
+
+
 class Checkpointer(Callback):
     """Resume at the start; checkpoints every ``every`` iterations, on a stop request and at the end.
 
@@ -68,15 +85,7 @@ class Checkpointer(Callback):
             print(f"resume={self.resume}: no checkpoint in {loop.run_dir}; starting at iteration 0", flush=True)
             return
         saved = ckpt.load(path)
-        identity = run_identity(loop)
-        ckpt.check_fits(
-            saved,
-            path,
-            env=identity["env"],
-            shapes={name: shape for name, shape, *_ in identity["layout"]},
-            iterations=loop.settings.iterations,
-            components={key: identity[key] for key in ("layout", "optimizer", "schedule", "clip")},
-        )
+        check_identity(saved, path, loop.step, iterations=loop.settings.iterations)
         try:
             loop.step.state.load(saved.arrays)
         except ValueError as exc:

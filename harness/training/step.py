@@ -26,8 +26,9 @@ copies, the adjoint profile) runs outside the graph (:meth:`~TrainStep.log_value
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -441,19 +442,26 @@ class TrainStep:
         """The flat parameters to evaluate and export (ScheduleFree's average x, else the parameters)."""
         return self.optimizer.eval_params(self.state.params, self.state.optim)
 
-    def evaluate(self) -> tuple[float, dict[str, Any]]:
-        """Loss and env figures at the evaluation parameters (an eager rollout without a tape)."""
+    @contextlib.contextmanager
+    def at_eval_params(self) -> Iterator[ParamSet]:
+        """The parameters, holding the evaluation point inside the block (ScheduleFree's
+        average x); the training point is put back after it."""
         params = self.state.params
         x = self.eval_params()
         swap = x.ptr != params.data.ptr
-        if swap:  # roll out at x, then put the training point back
+        if swap:
             wp.copy(self._train_point, params.data)
             wp.copy(params.data, x)
         try:
+            yield params
+        finally:
+            if swap:
+                wp.copy(params.data, self._train_point)
+
+    def evaluate(self) -> tuple[float, dict[str, Any]]:
+        """Loss and env figures at the evaluation parameters (an eager rollout without a tape)."""
+        with self.at_eval_params() as params:
             self.loss.zero()
             trajectory = rollout(self.env, self.task, params)
             total = self.loss(trajectory)
             return float(total.numpy()[0]), self.env.describe(trajectory)
-        finally:
-            if swap:
-                wp.copy(params.data, self._train_point)
