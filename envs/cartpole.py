@@ -160,9 +160,13 @@ class CartpoleEnv(NewtonEnv):
                     device=self.device,
                 )
 
+    def request(self, wanted: dict[str, str]) -> None:
+        super().request(wanted)
+        self.observed.pop("controls", None)  # the applied forces are the actions themselves: no buffer
+
     def trajectory(self) -> Trajectory:
-        found = {name: array for name, array in self.observed.items() if name != "controls"}
-        if "controls" in self.observed and self._actions is not None:  # the applied forces, no copy
+        found = dict(self.observed)
+        if "controls" in self._wanted and self._actions is not None:  # the applied forces, no copy
             mode = self._wanted["controls"]
             found["controls"] = self._actions if mode == "all" else self._actions[self.horizon - 1 : self.horizon]
         return found

@@ -159,9 +159,8 @@ class SoftBodyEnv(NewtonEnv):
     def step(self, t: int) -> None:
         # Collide inside the rollout, as the example does: the contact points follow the
         # current positions, and the gradient flows through them too.
-        self.state(t).clear_forces()
         self.collision_pipeline.collide(self.state(t), self.contacts_at(t))
-        self.solver.step(self.state(t), self.state(t + 1), self.control, self.contacts_at(t), self.dt)
+        super().step(t)
 
     def extra_arrays(self) -> list[wp.array]:
         return [value for c in self.contacts for value in vars(c).values() if isinstance(value, wp.array)]
@@ -174,6 +173,7 @@ class SoftBodyEnv(NewtonEnv):
     def set_quantity(self, name: str, value: wp.array) -> None:
         if name != "materials":
             super().set_quantity(name, value)
+            return
         wp.launch(
             _assign_materials,
             dim=self.model.tet_count,

@@ -102,6 +102,7 @@ class SpringCageEnv(NewtonEnv):
     def set_quantity(self, name: str, value: wp.array) -> None:
         if name != "rest_length":
             super().set_quantity(name, value)
+            return
         wp.copy(self.model.spring_rest_length, value)
 
     def record(self, t: int) -> None:

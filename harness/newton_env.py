@@ -93,8 +93,7 @@ class NewtonEnv(Env):
         self.initial = {name: wp.clone(getattr(self.states[0], name), requires_grad=True) for name in self.state_fields}
         self._built_initial = {name: self.initial[f].numpy().copy() for name, f in self.initial_quantities.items()}
         self.control = self.model.control()
-        self.observed: dict[str, wp.array] = {}
-        self.request(self._wanted)
+        self.request(self._wanted)  # sets self.observed
 
     @abc.abstractmethod
     def build_model(self) -> Any:
@@ -187,7 +186,7 @@ class NewtonEnv(Env):
         return [getattr(state, name).reshape((self.world_count, -1)) for name in self.state_fields]
 
     def zero_grad(self) -> None:
-        for grad in array_grads(self.model, self.solver, *self.states):
+        for grad in array_grads(self.model, self.solver, self.control, *self.states):
             grad.zero_()
         for array in (*self.initial.values(), *self.observed.values(), *self.extra_arrays()):
             if array.grad is not None:
