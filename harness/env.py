@@ -25,7 +25,7 @@ on CUDA) and replayed with ``wp.capture_launch`` for every later iteration. Repl
 re-runs the recorded launches with the arguments they had when recorded, so an env
 whose :attr:`Env.capturable` is True promises, for every method a rollout calls
 (:meth:`~Env.reset`, :meth:`~Env.act`, :meth:`~Env.step`, :meth:`~Env.record`,
-:meth:`~Env.set_quantity`, :meth:`~Env.observe`) and :meth:`~Env.zero_grad`:
+:meth:`~Env.set_quantity`, :meth:`~Env.trajectory`) and :meth:`~Env.zero_grad`:
 
 1. **Same arrays every call.** Every launch, copy and memset reads and writes arrays
    allocated before the first rollout; the same call touches the same arrays each time.
@@ -192,11 +192,6 @@ class Env(abc.ABC):
     def action_dim(self) -> int:
         """Width of one world's action (0: no actions)."""
         return self.config.action_dim()
-
-    @property
-    def quantities(self) -> dict[str, Quantity]:
-        """Physical quantities a task may train."""
-        return self.config.quantities()
 
     def request(self, wanted: dict[str, str]) -> None:
         """Say which observables the loss reads, and whether at ``all`` steps or the ``last``

@@ -1,6 +1,7 @@
 """Tape gradients against central finite differences, on a sample of parameter entries.
 
-For a sampled flat index ``i``: ``fd_i = (L(x + eps e_i) - L(x - eps e_i)) / (2 eps)``,
+For a sampled flat index ``i``: ``fd_i = (L(x + eps e_i) - L(x - eps e_i)) / (2 eps)``, where
+``2 eps`` is the float32 difference of the two perturbed entries actually used,
 and the relative error is ``|g_i - fd_i| / (max(|g_i|, |fd_i|) + atol)`` with
 ``atol = atol_fraction * max_j |g_j|`` over the sample, so entries whose gradient is
 numerically zero compared with the rest are judged on an absolute scale (float32
@@ -95,10 +96,12 @@ def check_gradients(
         loss.zero()
         return float(loss(rollout(env, task, params)).numpy()[0])
 
-    steps = params.split(np.zeros(params.size, np.float32))  # per-entry step, parameter by parameter
-    for spec in params.specs:
-        steps[spec.name][...] = spec.fd_step if eps is None else eps
-    step = np.concatenate([steps[spec.name].ravel() for spec in params.specs])
+    step = np.concatenate(  # per-entry step, parameter by parameter, in flat-buffer order
+        [
+            np.full(seg.length, spec.fd_step if eps is None else eps)
+            for spec, seg in zip(params.specs, params.segments, strict=True)
+        ]
+    )
     fd = np.empty(len(indices))
     for n, i in enumerate(indices):
         plus, minus = base.copy(), base.copy()

@@ -12,8 +12,6 @@ new env writes only its scene, its solver, its observables and its quantities:
   State, and of what :meth:`NewtonEnv.extra_arrays` adds;
 - observables requested with ``steps: last`` only are recorded once (one row).
 
-Save and restore of a state at a segment start (long horizons) live here too, for every
-env whose state is the arrays named in :attr:`NewtonEnv.state_fields`.
 """
 
 from __future__ import annotations
@@ -70,7 +68,7 @@ class NewtonEnv(Env):
 
     Attributes:
         state_fields: The State arrays that make up the simulation state (what ``reset``
-            writes, what the adjoint clip and segment restore see), e.g.
+            writes, what the adjoint clip sees), e.g.
             ``("particle_q", "particle_qd")``.
         initial_quantities: Quantities that are a field of the initial state, by name, e.g.
             ``{"initial_velocity": "particle_qd"}``: their start value is the field as built,

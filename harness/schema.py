@@ -157,15 +157,3 @@ def build(schema: type, values: Mapping[str, Any], *, prefix: str) -> Any:
         except ValueError as exc:
             raise SchemaError(f"{prefix}.{exc}") from None
     return instance
-
-
-def describe(schema: type) -> list[tuple[str, str, Any, str]]:
-    """``(name, type, default, doc)`` of every field, for docs and help text."""
-    hints = typing.get_type_hints(schema)
-    rows = []
-    for f in dataclasses.fields(schema):
-        default = None if f.default is dataclasses.MISSING else f.default
-        rows.append(
-            (f.name, getattr(hints[f.name], "__name__", str(hints[f.name])), default, f.metadata.get("doc", ""))
-        )
-    return rows

@@ -48,17 +48,19 @@ class TrainQuantities(Task):
         if not self.lower <= self.upper:
             raise schema.SchemaError(f"task.lower: {self.lower:g} is above task.upper {self.upper:g}")
 
+    def _names(self, config: EnvConfig) -> list[str]:
+        return self.quantities if self.quantities is not None else config.default_quantities(self.name)
+
     def chosen(self, config: EnvConfig) -> dict[str, Quantity]:
         """The quantities this task trains for an env with this config."""
         offered = config.quantities()
-        names = self.quantities if self.quantities is not None else config.default_quantities(self.name)
-        return {name: offered[name] for name in names if name in offered}
+        return {name: offered[name] for name in self._names(config) if name in offered}
 
     def check(self, config: EnvConfig) -> None:
         offered = config.quantities()
         if not offered:
             raise ValueError(f"task: {self.name} trains physical quantities, and this env exposes none")
-        names = self.quantities if self.quantities is not None else config.default_quantities(self.name)
+        names = self._names(config)
         unknown = [q for q in names if q not in offered]
         if unknown or not names:
             raise ValueError(
