@@ -29,7 +29,7 @@ import warp as wp
 
 from envs.walls import ContactMaterial, add_wall_and_ground, set_soft_contact
 from harness.env import EnvConfig, Quantity, Trajectory
-from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds, world_targets
+from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
 from harness.schema import field
 
 
@@ -99,8 +99,7 @@ class BallEnv(NewtonEnv):
         self.record_offset("to_target", t, self.targets, per_world=1, count=1)
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
-        offset = trajectory["to_target"].numpy()[-1].astype(np.float64)
         return {
-            "final_distance_to_target_m": np.round(np.linalg.norm(offset, axis=1), 4).tolist(),
+            "final_distance_to_target_m": final_distances(trajectory, "to_target"),
             "initial_velocity_m_per_s": np.round(self.initial["particle_qd"].numpy(), 4).tolist(),
         }

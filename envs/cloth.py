@@ -19,11 +19,10 @@ import dataclasses
 from typing import Any, ClassVar
 
 import newton
-import numpy as np
 import warp as wp
 
 from harness.env import EnvConfig, Quantity, Trajectory
-from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds, world_targets
+from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
 from harness.schema import field
 
 
@@ -108,5 +107,4 @@ class ClothEnv(NewtonEnv):
         )
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
-        offset = trajectory["com_to_target"].numpy()[-1].astype(np.float64)
-        return {"final_com_distance_to_target_m": np.round(np.linalg.norm(offset, axis=1), 4).tolist()}
+        return {"final_com_distance_to_target_m": final_distances(trajectory, "com_to_target")}

@@ -29,7 +29,7 @@ import warp as wp
 
 from envs.walls import ContactMaterial, add_wall_and_ground, set_soft_contact
 from harness.env import EnvConfig, Quantity, Trajectory
-from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds, world_targets
+from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
 from harness.schema import field
 
 LAME_BOUNDS = (500.0, 4.0e6)
@@ -192,10 +192,9 @@ class SoftBodyEnv(NewtonEnv):
         )
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
-        offset = trajectory["com_to_target"].numpy()[-1].astype(np.float64)
         materials = self.model.tet_materials.numpy()[:, :2]
         return {
-            "final_com_distance_to_target_m": np.round(np.linalg.norm(offset, axis=1), 4).tolist(),
+            "final_com_distance_to_target_m": final_distances(trajectory, "com_to_target"),
             "mu_pa": [float(materials[:, 0].min()), float(materials[:, 0].max())],
             "lambda_pa": [float(materials[:, 1].min()), float(materials[:, 1].max())],
         }

@@ -23,7 +23,7 @@ import numpy as np
 import warp as wp
 
 from harness.env import EnvConfig, Quantity, Trajectory
-from harness.newton_env import NewtonEnv, NewtonEnvConfig, finalize_worlds, world_targets
+from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
 from harness.schema import field
 
 ANCHORS = (
@@ -109,8 +109,7 @@ class SpringCageEnv(NewtonEnv):
         self.record_offset("to_target", t, self.targets, per_world=len(ANCHORS) + 1, count=1)
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
-        offset = trajectory["to_target"].numpy()[-1].astype(np.float64)
         return {
-            "final_distance_to_target_m": np.round(np.linalg.norm(offset, axis=1), 4).tolist(),
+            "final_distance_to_target_m": final_distances(trajectory, "to_target"),
             "rest_length_m": np.round(self.model.spring_rest_length.numpy(), 4).tolist(),
         }

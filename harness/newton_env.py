@@ -191,6 +191,13 @@ class NewtonEnv(Env):
                 array.grad.zero_()
 
 
+def final_distances(trajectory: Trajectory, name: str) -> list[float]:
+    """Each world's distance [m] at the last recorded row of an offset observable (``to_target``,
+    ``com_to_target``), rounded to 0.1 mm: what the ports report in ``summary.json``."""
+    offset = trajectory[name].numpy()[-1].astype(np.float64)
+    return np.round(np.linalg.norm(offset, axis=1), 4).tolist()
+
+
 def finalize_worlds(scene: Any, world_count: int, device: wp.context.Devicelike) -> Any:
     """Finalize a one-world ``newton.ModelBuilder`` scene as ``world_count`` independent copies.
 
