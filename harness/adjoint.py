@@ -213,11 +213,11 @@ def profile_summary(profile: np.ndarray, *, max_norm: float | None = None) -> di
     """Scalars of a profile for TensorBoard (``adjoint/...`` tags).
 
     Returns:
-        ``adjoint/norm_max`` (largest per-world step norm), ``adjoint/norm_first`` (the
+        ``through_time/norm_max`` (largest per-world step norm), ``through_time/norm_first`` (the
         largest over worlds at the first step, i.e. the adjoint reaching state 1),
-        ``adjoint/growth_per_100_steps`` (the mean increase of ``log10`` of the
+        ``through_time/growth_per_100_steps`` (the mean increase of ``log10`` of the
         world-maximum norm per 100 steps backwards in time, from a least-squares line over
-        the finite non-zero entries), and ``adjoint/clipped_fraction`` (share of step and
+        the finite non-zero entries), and ``through_time/clipped_fraction`` (share of step and
         world pairs above ``max_norm``; 0 without a finite ``max_norm``).
     """
     profile = np.asarray(profile, dtype=np.float64)
@@ -232,10 +232,10 @@ def profile_summary(profile: np.ndarray, *, max_norm: float | None = None) -> di
     if max_norm is not None and np.isfinite(max_norm):
         clipped = float(np.mean(profile > max_norm))
     return {
-        "adjoint/norm_max": float(np.nanmax(profile)) if profile.size else 0.0,
-        "adjoint/norm_first": float(peak[0]) if profile.size else 0.0,
-        "adjoint/growth_per_100_steps": growth,
-        "adjoint/clipped_fraction": clipped,
+        "through_time/norm_max": float(np.nanmax(profile)) if profile.size else 0.0,
+        "through_time/norm_first": float(peak[0]) if profile.size else 0.0,
+        "through_time/growth_per_100_steps": growth,
+        "through_time/clipped_fraction": clipped,
     }
 
 
@@ -285,4 +285,4 @@ def profile_histogram_values(profile: np.ndarray) -> dict[str, np.ndarray]:
     """The values to histogram: ``log10`` of every finite, non-zero per-step, per-world norm."""
     flat = np.asarray(profile, dtype=np.float64).ravel()
     flat = flat[np.isfinite(flat) & (flat > 0)]
-    return {"hist/adjoint/log10_norm_pre": np.log10(flat)}
+    return {"through_time/log10_norm_pre": np.log10(flat)}

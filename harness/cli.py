@@ -95,6 +95,7 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> floa
         summary = trainer.fit(
             run_dir,
             hparams=config.hparams(cfg, hydra_cfg),
+            swept=config.swept_keys(hydra_cfg),
             meta={"config": config.resolved_yaml(cfg)},
             label=label or None,
         )
@@ -126,7 +127,7 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> floa
         write_json(run_dir / "summary.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
         raise
     reduction = summary["loss_reduction"]
-    adjoint_logged = "adjoint/clipped" in trainer.step.columns  # the in-backward clip rescales
+    adjoint_logged = "through_time/clipped" in trainer.step.columns  # the in-backward clip rescales
     print(
         f"{say}done: loss {summary['initial_loss']:.6g} -> {summary['final_loss']:.6g}"
         + (f" ({abs(100 * reduction):.1f}% {'lower' if reduction >= 0 else 'higher'})" if reduction is not None else "")
@@ -288,25 +289,31 @@ CONFIG_NAMES = {"train": "train", "gradcheck": "gradcheck"}
 """Commands whose command line is validated (no folder created) before Hydra runs."""
 
 
-def sweep_dirname_overrides(args: list[str]) -> list[str]:
-    """In a multirun, name job folders by the swept values only.
+def dirname_overrides(args: list[str]) -> list[str]:
+    """Which overrides name a run's folder.
 
-    Hydra names a job folder by every override of the job; the command-line ones that are
-    the same for all jobs (``+env=cartpole iterations=50``) only make the names long.
-    Returns an override adding those keys to ``hydra.job.config.override_dirname.exclude_keys``;
-    what stays are the command-line sweeps and the sweeper's own parameters (an
+    A single run's folder is ``outputs/<env>/<date>_<time>_<overrides>``: its command-line
+    overrides except the env (already the parent folder), ``resume``, ``device`` and
+    Hydra's own (never part of it), so runs side by side in TensorBoard can be told apart by name. In a
+    multirun, job folders are named by the swept values only: the command-line overrides
+    that are the same for every job (``+env=cartpole iterations=50``) would only make the
+    names long; what stays are the command-line sweeps and the sweeper's own parameters (an
     experiment's ``hydra.sweeper.params``, Optuna's search space).
+
+    Returns an override setting ``hydra.job.config.override_dirname.exclude_keys``.
     """
-    if not any(a in ("-m", "--multirun") for a in args):
-        return []
+    multirun = any(a in ("-m", "--multirun") for a in args)
     try:
         parsed = OverridesParser.create().parse_overrides(split_hydra_flags(args)[1])
     except Exception:  # Hydra reports malformed overrides itself
         return []
-    fixed = [o.key_or_group for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
-    if not fixed:
+    if multirun:
+        keys = [o.key_or_group for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
+    else:
+        keys = [o.key_or_group for o in parsed if o.key_or_group in ("env", "resume", "device")]
+    if not keys:
         return []
-    keys = ["hydra.run.dir", "hydra.sweep.dir", *fixed]
+    keys = ["hydra.run.dir", "hydra.sweep.dir", *dict.fromkeys(keys)]
     return ["hydra.job.config.override_dirname.exclude_keys=[" + ",".join(f"'{k}'" for k in keys) + "]"]
 
 
@@ -342,5 +349,6 @@ def main(argv: list[str] | None = None) -> None:
         _fail(exc)
     # Overrides first, Hydra's flags last: its parser takes the overrides as one positional
     # list, and a bare --info would take a following override as its value.
-    sys.argv = [f"harness {command}", *overrides, *sweep_dirname_overrides([*flags, *overrides]), *flags]
+    config.register_resolvers()
+    sys.argv = [f"harness {command}", *overrides, *dirname_overrides([*flags, *overrides]), *flags]
     COMMANDS[command]()

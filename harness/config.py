@@ -234,6 +234,7 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
         checkpoint_keep=_check_int(checkpoint, "keep", 1, prefix="checkpoint."),
         resume=_check_resume(cfg.get("resume")),
         capture=_check_capture(cfg.get("capture", "auto")),
+        plot_every=None if cfg.get("plot_every") is None else _check_int(cfg, "plot_every", 0),
     )
     check_group_types(cfg, choices)
     env_class, env_fields = check_env_fields(cfg)
@@ -347,6 +348,23 @@ def _check_writable(field: str, folder: Path) -> None:
         raise ConfigError(f"{field}: '{folder}' cannot be written (no write permission on '{probe}')")
 
 
+RUN_NAME_CHARS = 96
+"""At most this many characters of the overrides go into a run folder's name."""
+
+
+def run_name_suffix(overrides: str) -> str:
+    """The end of a single run's folder name: ``_`` and its overrides (Hydra's
+    ``override_dirname``, '/' replaced by '-', cut at :data:`RUN_NAME_CHARS`), or nothing
+    without overrides."""
+    return "_" + overrides.replace("/", "-")[:RUN_NAME_CHARS] if overrides else ""
+
+
+def register_resolvers() -> None:
+    """Register the ``harness.run_name_suffix`` resolver the configs' ``hydra.run.dir`` uses."""
+    if not OmegaConf.has_resolver("harness.run_name_suffix"):
+        OmegaConf.register_new_resolver("harness.run_name_suffix", run_name_suffix)
+
+
 def compose_config(config_name: str, overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
     """Compose ``configs/<config_name>.yaml`` with overrides, as the CLI would, without a run.
 
@@ -355,6 +373,7 @@ def compose_config(config_name: str, overrides: list[str]) -> tuple[DictConfig, 
     """
     from hydra import compose, initialize_config_dir
 
+    register_resolvers()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
             config_name=config_name, overrides=search_path_overrides(list(overrides)), return_hydra_config=True
@@ -415,7 +434,7 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     return folder
 
 
-RESUME_MAY_CHANGE = ("iterations", "log_every", "checkpoint", "device", "capture", "resume")
+RESUME_MAY_CHANGE = ("iterations", "log_every", "plot_every", "checkpoint", "device", "capture", "resume")
 """Top-level config keys a resumed run may change; everything else must match the checkpoint."""
 
 
@@ -541,6 +560,17 @@ def hparams(cfg: DictConfig, hydra_cfg: Any) -> dict[str, bool | int | float | s
         if isinstance(value, bool | int | float | str):
             values[key] = value
     return values
+
+
+def swept_keys(hydra_cfg: Any) -> list[str]:
+    """In a multirun job, the hyperparameters that differ between the sweep's jobs: its
+    overrides that name the job folder (the fixed ones are excluded from it). Empty for a
+    single run."""
+    if hydra_cfg.mode.name != "MULTIRUN":
+        return []
+    excluded = set(hydra_cfg.job.config.override_dirname.exclude_keys)
+    parsed = OverridesParser.create().parse_overrides(list(hydra_cfg.overrides.task))
+    return [o.key_or_group for o in parsed if o.key_or_group not in excluded]
 
 
 def resolved_yaml(cfg: DictConfig) -> str:

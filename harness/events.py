@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -89,12 +89,23 @@ class EventWriter:
         encoded = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png_bytes(image))
         self._summary(step, Summary.Value(tag=tag, image=encoded))
 
-    def hparams(self, values: Mapping[str, bool | int | float | str], metrics: Mapping[str, float], *, step: int):
-        """The run's row of TensorBoard's HParams dashboard: its hyperparameters, then one
-        scalar per metric tag at ``step``.
+    def hparams(
+        self,
+        values: Mapping[str, bool | int | float | str],
+        metrics: Mapping[str, str],
+        *,
+        step: int,
+        differs: Collection[str] = (),
+    ):
+        """The run's row of TensorBoard's HParams dashboard: its hyperparameters, and which
+        scalar tags are its metrics (tag -> column title; the dashboard shows each tag's
+        last value, so the tags must be written as scalars too).
 
         The experiment, session-start and session-end records go into this run's own event
-        file, so every run of a sweep is one row of the table.
+        file at ``step``, so every run of a sweep is one row of the table. TensorBoard shows
+        the experiment record of one of the runs, so every run of a sweep names the
+        hyperparameters that differ between the runs (``differs``); the dashboard lists those
+        first.
         """
         infos, start = [], plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
         for key, value in values.items():
@@ -107,9 +118,13 @@ class EventWriter:
             else:
                 kind = api_pb2.DATA_TYPE_STRING
                 start.hparams[key].CopyFrom(struct_pb2.Value(string_value=str(value)))
-            infos.append(api_pb2.HParamInfo(name=key, type=kind))
+            infos.append(api_pb2.HParamInfo(name=key, type=kind, differs=key in differs))
         experiment = api_pb2.Experiment(
-            hparam_infos=infos, metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=t)) for t in metrics]
+            hparam_infos=infos,
+            metric_infos=[
+                api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=title)
+                for tag, title in metrics.items()
+            ],
         )
         records = (
             (metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment)),
@@ -127,7 +142,6 @@ class EventWriter:
             value = Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(data))
             value.tensor.CopyFrom(metadata.NULL_TENSOR)
             self._summary(step, value)
-        self.scalars(step, metrics)
         self.flush()
 
     def flush(self) -> None:

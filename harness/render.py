@@ -257,51 +257,142 @@ def draw_video(scene: Scene, runs: list[Frames], titles: list[str], dt: float, p
     return count
 
 
+def per_step_series(horizon: int, observables: dict[str, Any], params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Host copies of what is worth plotting against time: every observable with one value
+    per step, ``(horizon, worlds, dim)``, and every parameter laid out that way (an open-loop
+    task's actions, named ``<param> (trained)``)."""
+    values = {}
+    for name, array in observables.items():
+        value = array.numpy() if hasattr(array, "numpy") else np.asarray(array)
+        if value.ndim == 3 and value.shape[0] == horizon:
+            values[name] = value.copy()
+    for name, value in params.items():
+        if value.ndim == 3 and value.shape[0] == horizon:
+            values[f"{name} (trained)"] = value.copy()
+    return values
+
+
+class SeriesFigure:
+    """One panel per component of per-step series against time: a reference run dashed,
+    the current one solid, one colour per world. Made once; :meth:`draw` redraws it in place
+    with new values (for TensorBoard images at log steps), :meth:`save` writes a PNG.
+
+    Args:
+        series: A first set of values, ``{name: (horizon, worlds, dim)}``; fixes the panels.
+        dt: The step length [s] (the time axis).
+        names: Optional names of an observable's components (the env's ``component_names``).
+        max_worlds: Draw at most this many worlds (the first ones).
+        dpi: Resolution (the figure is 5 x 3.2 inches per panel, three panels a row).
+    """
+
+    STYLES = (("--", "reference"), ("-", "current"))
+
+    def __init__(
+        self,
+        series: dict[str, np.ndarray],
+        dt: float,
+        names: dict[str, list[str]] | None = None,
+        *,
+        max_worlds: int | None = None,
+        dpi: int = 100,
+    ):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        self.panels = [(name, d) for name, values in series.items() for d in range(values.shape[2])]
+        self.titles: list[str] = []
+        if not self.panels:
+            self.figure = None
+            return
+        worlds = min(next(iter(series.values())).shape[1], max_worlds or 1 << 30)
+        self.worlds = worlds
+        cols = min(3, len(self.panels))
+        rows = (len(self.panels) + cols - 1) // cols
+        self.figure, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.2 * rows), dpi=dpi, squeeze=False)
+        self.axes = list(axes.flat)
+        self.lines: list[list[list[Any]]] = []  # [panel][style][world]
+        for ax, (name, d) in zip(self.axes, self.panels, strict=False):
+            time = np.arange(1, series[name].shape[0] + 1) * dt
+            styles = []
+            for style, _ in self.STYLES:
+                styles.append(
+                    [
+                        ax.plot(time, np.full_like(time, np.nan), style, color=f"C{w % 10}", lw=1.2)[0]
+                        for w in range(worlds)
+                    ]
+                )
+            self.lines.append(styles)
+            labels = (names or {}).get(name)
+            title = f"{name}: {labels[d]}" if labels and d < len(labels) else f"{name}[{d}]"
+            self.titles.append(title)
+            ax.set_title(title)
+            ax.set_xlabel("time [s]")
+            ax.grid(alpha=0.3)
+        for ax in self.axes[len(self.panels) :]:
+            ax.axis("off")
+        self._suptitle = self.figure.suptitle("")
+        self._legend_labels: tuple[str, str] | None = None
+
+    def draw(self, reference: dict[str, np.ndarray], current: dict[str, np.ndarray], labels: tuple[str, str]) -> None:
+        """Set both runs' values (same names and shapes as at construction) and the legend."""
+        for ax, (name, d), styles in zip(self.axes, self.panels, self.lines, strict=False):
+            for values, lines in zip((reference[name], current[name]), styles, strict=True):
+                for w, line in enumerate(lines):
+                    line.set_ydata(values[:, w, d])
+            ax.relim()
+            ax.autoscale_view()
+        if labels != self._legend_labels:
+            self._legend_labels = labels
+            first = self.lines[0]
+            handles = [first[0][0], first[1][0]]
+            text = [f"{labels[0]} (dashed)", f"{labels[1]} (solid)"]
+            if self.worlds > 1:
+                text = [f"{t}, world 0" for t in text]
+            self.axes[0].legend(handles, text, fontsize=7, loc="best")
+            self._suptitle.set_text(f"dashed: {labels[0]}, solid: {labels[1]}; one colour per world")
+            self.figure.tight_layout()
+
+    def image(self) -> np.ndarray:
+        """The figure as an RGB uint8 array ``(height, width, 3)``."""
+        self.figure.canvas.draw()
+        return np.asarray(self.figure.canvas.buffer_rgba())[..., :3].copy()
+
+    def save(self, path: Path) -> None:
+        self.figure.savefig(path)
+
+    def close(self) -> None:
+        if self.figure is not None:
+            import matplotlib.pyplot as plt
+
+            plt.close(self.figure)
+            self.figure = None
+
+
 def draw_plots(
     series: dict[str, list[tuple[str, np.ndarray]]], dt: float, path: Path, names: dict[str, list[str]] | None = None
 ) -> list[str]:
-    """One panel per observable component: before and after training against time.
+    """One panel per observable component: before (dashed) and after training (solid) against time.
 
     Args:
         series: By observable name, ``[("before", (steps, worlds, dim)), ("after", ...)]``.
         names: Optional names of an observable's components (the env's ``component_names``).
 
     Returns:
-        The panel titles, in order.
+        The panel titles, in order (none, and no file, without per-step series).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [(name, d) for name, runs in series.items() for d in range(runs[0][1].shape[2])]
-    if not panels:
+    before = {name: runs[0][1] for name, runs in series.items()}
+    after = {name: runs[1][1] for name, runs in series.items()}
+    figure = SeriesFigure(after, dt, names)
+    if figure.figure is None:
         return []
-    cols = min(3, len(panels))
-    rows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.2 * rows), dpi=100, squeeze=False)
-    titles = []
-    for ax, (name, d) in zip(axes.flat, panels, strict=False):
-        for (label, values), style in zip(series[name], ("--", "-"), strict=True):
-            time = np.arange(1, values.shape[0] + 1) * dt
-            for w in range(values.shape[1]):
-                ax.plot(time, values[:, w, d], style, color=f"C{w % 10}", linewidth=1.2,
-                        label=f"{label}, world {w}" if values.shape[1] > 1 else label)  # fmt: skip
-        labels = (names or {}).get(name)
-        title = f"{name}: {labels[d]}" if labels and d < len(labels) else f"{name}[{d}]"
-        titles.append(title)
-        ax.set_title(title)
-        ax.set_xlabel("time [s]")
-        ax.grid(alpha=0.3)
-        if not titles[:-1]:  # one legend, in the first panel
-            ax.legend(fontsize=7, ncol=2)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    fig.suptitle("dashed: before training, solid: after training")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return titles
+    try:
+        figure.draw(before, after, ("before training", "after training"))
+        figure.save(path)
+    finally:
+        figure.close()
+    return figure.titles
 
 
 def write_recording(model: Any, frames: Frames, dt: float, path: Path) -> None:
@@ -374,11 +465,7 @@ def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 12
 
     def snapshot() -> tuple[Frames, dict[str, np.ndarray]]:
         shot, trajectory = record_frames(env, step.task, params, steps)
-        values = {name: array.numpy().copy() for name, array in trajectory.items()}
-        for name, value in params.numpy().items():
-            if value.ndim == 3 and value.shape[0] == env.horizon:  # per-step actions (open loop)
-                values[f"{name} (trained)"] = value.copy()
-        return shot, values
+        return shot, per_step_series(env.horizon, trajectory, params.numpy())
 
     try:  # the checks a resume makes: the same env, parameter layout and components
         saved = ckpt.load(path, field="checkpoint")
@@ -403,11 +490,7 @@ def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 12
     if isinstance(targets, wp.array) and targets.dtype == wp.vec3:
         scene.targets = targets.numpy().reshape(-1, 3)
     count = draw_video(scene, [before, after], titles, dt, video, fps=fps)
-    series = {
-        name: [("before", before_values[name]), ("after", after_values[name])]
-        for name in after_values
-        if after_values[name].ndim == 3 and after_values[name].shape[0] == env.horizon
-    }
+    series = {name: [("before", before_values[name]), ("after", after_values[name])] for name in after_values}
     plot = out / "rollout.png"
     names = env.component_names()
     panels = draw_plots(series, dt, plot, names)

@@ -77,7 +77,9 @@ def _curves(job: Path) -> tuple[tuple[list[int], list[float]], float]:
     if "loss/total" in tags:
         events = acc.Scalars("loss/total")
         curve = ([e.step for e in events], [e.value for e in events])
-    norms = [e.value for e in acc.Scalars("grad/norm_pre")] if "grad/norm_pre" in tags else []
+    # grad/norm_pre: the tag's name in runs made before the tag groups were renamed
+    norm_tag = next((t for t in ("optim/grad_norm_pre", "grad/norm_pre") if t in tags), None)
+    norms = [e.value for e in acc.Scalars(norm_tag)] if norm_tag else []
     return curve, float(np.median(norms)) if norms else math.nan
 
 

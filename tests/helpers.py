@@ -60,16 +60,25 @@ def make_trainer(
     schedule=None,
     capture: bool | str = "auto",
     device: str = "cpu",
+    plot_every: int | None = None,
     **env_kw,
 ) -> Trainer:
-    """A trainer on the real cartpole; Adam(lr), norm clip at max_norm and the upright loss by default."""
+    """A trainer on the real cartpole; Adam(lr), norm clip at max_norm and the upright loss by
+    default; no rollout images unless ``plot_every`` is given (they cost matplotlib time)."""
     env = CartpoleEnv(horizon=horizon, world_count=world_count, device=device, **env_kw)
     return Trainer(
         env=env,
         loss=WeightedLoss(loss_terms or UPRIGHT_TERMS),
         optimizer=optimizer or adam(lr),
         clip=clip or clip_by_global_norm(max_norm),
-        settings=TrainSettings(iterations=iterations, log_every=log_every, seed=0, device=device, capture=capture),
+        settings=TrainSettings(
+            iterations=iterations,
+            log_every=log_every,
+            seed=0,
+            device=device,
+            capture=capture,
+            plot_every=plot_every,
+        ),
         schedule=schedule,
     )
 

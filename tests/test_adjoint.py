@@ -106,14 +106,14 @@ def test_adjoint_clip_at_2000_steps_keeps_the_gradient_finite_and_small():
 def test_profile_summary_image_and_histogram():
     profile = np.geomspace(1e4, 1.0, 200)[:, None] * np.array([[1.0, 2.0]])
     summary = profile_summary(profile, max_norm=100.0)
-    assert summary["adjoint/norm_max"] == pytest.approx(2e4)
-    assert summary["adjoint/norm_first"] == pytest.approx(2e4)
-    assert summary["adjoint/growth_per_100_steps"] == pytest.approx(4.0 * 100 / 199, rel=1e-6)
-    assert 0.0 < summary["adjoint/clipped_fraction"] < 1.0
+    assert summary["through_time/norm_max"] == pytest.approx(2e4)
+    assert summary["through_time/norm_first"] == pytest.approx(2e4)
+    assert summary["through_time/growth_per_100_steps"] == pytest.approx(4.0 * 100 / 199, rel=1e-6)
+    assert 0.0 < summary["through_time/clipped_fraction"] < 1.0
     image = profile_image(profile, max_norm=100.0, dt=1 / 240)
     assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
     assert image.std() > 0  # something was drawn
-    values = profile_histogram_values(profile)["hist/adjoint/log10_norm_pre"]
+    values = profile_histogram_values(profile)["through_time/log10_norm_pre"]
     assert values.size == 400 and values.max() == pytest.approx(np.log10(2e4))
 
 

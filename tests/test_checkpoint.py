@@ -85,7 +85,7 @@ def test_run_killed_with_sigkill_and_resumed_matches_an_uninterrupted_run_bit_fo
         np.testing.assert_array_equal(value, b.arrays[key], err_msg=key)
     steps_a, losses_a = loss_curve(tmp_path / "straight")
     steps_b, losses_b = loss_curve(killed_dir)
-    assert steps_a == steps_b == list(range(240))  # no duplicated or missing step in the resumed curve
+    assert steps_a == steps_b == list(range(1, 241))  # no duplicated or missing step in the resumed curve
     assert losses_a == losses_b
     summary_a = json.loads((tmp_path / "straight" / "summary.json").read_text())
     summary_b = json.loads((killed_dir / "summary.json").read_text())
@@ -122,7 +122,7 @@ def test_sigterm_or_sigint_finishes_the_iteration_then_writes_checkpoint_and_sum
     saved = final_checkpoint(run_dir)
     assert saved.iteration == summary["iterations_done"] >= 1
     steps, _ = loss_curve(run_dir)
-    assert steps == list(range(saved.iteration))  # every completed iteration was logged before the checkpoint
+    assert steps == list(range(1, saved.iteration + 1))  # every completed iteration was logged before the checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -299,4 +299,4 @@ def test_multirun_resume_checks_each_jobs_checkpoint_against_its_config(tmp_path
         saved = checkpoint.list_checkpoints(checkpoint.checkpoint_dir(sweep / job))
         assert checkpoint.load(saved[-1]).iteration == 6
         # The job's curve continues: every iteration once, the resumed ones included.
-        assert loss_curve(sweep / job)[0] == list(range(6))
+        assert loss_curve(sweep / job)[0] == list(range(1, 7))

@@ -51,6 +51,21 @@ def test_train_with_overrides_writes_summary_config_and_events(tmp_path):
     assert "|g|pre" in progress[0] and "it/s" in progress[0]
 
 
+def test_a_run_folder_is_named_by_its_time_and_overrides(tmp_path):
+    """Without hydra.run.dir: outputs/<env>/<date>_<time>_<overrides>, the env, device and
+    resume left out of the name (the env is the parent folder)."""
+    proc = harness(
+        "train", "+env=cartpole", "env.horizon=5", "iterations=1", "seed=3", "device=cpu", "resume=auto", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    (folder,) = (tmp_path / "outputs" / "cartpole").iterdir()
+    stamp, overrides = folder.name[:19], folder.name[20:]
+    time.strptime(stamp, "%Y-%m-%d_%H-%M-%S")
+    assert overrides == "env.horizon=5,iterations=1,seed=3"
+    assert (folder / "summary.json").exists()
+    assert f"run folder: {folder}" in proc.stdout
+
+
 def test_train_without_env_names_the_envs_in_one_line(tmp_path):
     proc = harness("train", "hydra.run.dir=" + str(tmp_path / "run"), cwd=tmp_path)
     assert proc.returncode == 2

@@ -28,6 +28,7 @@ CASES = [
     ("zero_horizon", ["train", *ENV, "env.horizon=0"], "env.horizon", ">= 1"),
     ("negative_world_count", ["train", *ENV, "env.world_count=-3"], "env.world_count", ">= 1"),
     ("zero_iterations", ["train", *ENV, "iterations=0"], "iterations", ">= 1"),
+    ("negative_plot_every", ["train", *ENV, "plot_every=-1"], "plot_every", ">= 0"),
     ("unknown_device", ["train", *ENV, "device=cuda:7"], "device", "cpu"),
     ("not_an_env", ["train", *ENV, "env._target_=harness.losses.WeightedLoss"], "env._target_", "Env subclass"),
     ("unknown_loss_source", ["train", *ENV, "loss.terms.pose.source=bogus"], "loss.terms.pose.source", "joint_q"),
@@ -71,4 +72,4 @@ def test_zero_learning_rate_is_accepted_and_measures_without_moving(tmp_path):
     assert not saved.arrays["params/data"].any()  # the controls start at zero and stay there
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
-    assert all(e.value > 0 for e in acc.Scalars("grad/norm_pre"))
+    assert all(e.value > 0 for e in acc.Scalars("optim/grad_norm_pre"))

@@ -56,7 +56,9 @@ def hparams_of(run: Path) -> tuple[dict, dict]:
     for key, value in start.session_start_info.hparams.items():
         kind = value.WhichOneof("kind")
         values[key] = getattr(value, kind)
-    metrics = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("hparams/")}
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    # The dashboard shows the last value of each metric's scalar tag.
+    metrics = {m.name.tag: (m.display_name, acc.Scalars(m.name.tag)[-1]) for m in experiment.metric_infos}
     return values, metrics
 
 
@@ -93,16 +95,26 @@ def test_every_job_carries_its_hparams_and_metrics(joblib_sweep):
         assert hparams["clip"] == "norm" and hparams["optim"] == "adam" and hparams["env"] == "cartpole"
         assert hparams["env.horizon"] == 10 and hparams["seed"] == 0 and hparams["optim.lr"] == 0.5
         summary = json.loads((run / "summary.json").read_text())
-        assert metrics["hparams/final_loss"] == pytest.approx(summary["final_loss"])
-        assert metrics["hparams/best_loss"] == pytest.approx(summary["best_loss"])
-        assert metrics["hparams/clipped_fraction"] == pytest.approx(summary["clipped_steps"] / 4)
-        assert set(metrics) == {
-            "hparams/final_loss",
-            "hparams/best_loss",
-            "hparams/clipped_fraction",
-            "hparams/nonfinite_steps",
-            "hparams/wall_time_s",
-        }
+        assert set(metrics) == {"loss/total", "loss/best", "optim/clipped_fraction", "optim/grad_norm_pre"}
+        assert metrics["loss/best"][0] == "best loss"
+        # Every metric is the end of a curve the run has anyway, at the last iteration's step.
+        assert {event.step for _, event in metrics.values()} == {summary["iterations"]}
+        assert metrics["loss/best"][1].value == pytest.approx(min(curve(run, "loss/total")))
+        assert metrics["optim/clipped_fraction"][1].value == pytest.approx(summary["clipped_steps"] / 4)
+        assert summary["best_loss"] <= metrics["loss/best"][1].value
+        assert not [tag for tag in scalar_tags(run) if tag.startswith("hparams/")]  # no single-point scalars
+
+
+def curve(run: Path, tag: str) -> list[float]:
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.value for e in acc.Scalars(tag)]
+
+
+def scalar_tags(run: Path) -> list[str]:
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    acc.Reload()
+    return acc.Tags()["scalars"]
 
 
 def test_report_writes_a_sorted_table_csv_and_png(joblib_sweep, tmp_path):
@@ -185,7 +197,15 @@ def get_json(url: str):
         return json.loads(response.read())
 
 
-def test_tensorboard_server_serves_the_sweep_runs_and_scalars(joblib_sweep):
+def post_json(url: str, body: dict):
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_tensorboard_server_serves_the_sweep_runs_scalars_and_hparams(joblib_sweep):
     sweep, _ = joblib_sweep
     port = free_port()
     server = subprocess.Popen(
@@ -224,7 +244,32 @@ def test_tensorboard_server_serves_the_sweep_runs_and_scalars(joblib_sweep):
             except OSError:
                 assert time.monotonic() < deadline
                 time.sleep(0.5)
-        assert [step for _, step, _ in points] == [0, 1, 2, 3]
+        assert [step for _, step, _ in points] == [1, 2, 3, 4]  # iterations counted from 1
+        # TensorBoard's HParams plugin: the swept value is marked as differing (listed
+        # first), the metrics are the four curves, read at the last iteration.
+        experiment = post_json(f"{base}/data/plugin/hparams/experiment", {"experimentName": ""})
+        infos = experiment["hparamInfos"]
+        assert infos[0]["name"] == "clip.max_norm" and infos[0]["differs"]
+        assert not any(info["differs"] for info in infos[1:])
+        tags = [m["name"]["tag"] for m in experiment["metricInfos"]]
+        assert tags == ["loss/total", "loss/best", "optim/clipped_fraction", "optim/grad_norm_pre"]
+        groups = post_json(
+            f"{base}/data/plugin/hparams/session_groups",
+            {
+                "experimentName": "",
+                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+                "colParams": [{"metric": {"tag": tag}} for tag in tags],
+                "startIndex": 0,
+                "sliceSize": 10,
+            },
+        )["sessionGroups"]
+        assert sorted(g["name"] for g in groups) == ["clip.max_norm=0.5", "clip.max_norm=2"]
+        for group in groups:
+            summary = json.loads((sweep / group["name"] / "summary.json").read_text())
+            values = {m["name"]["tag"]: m for m in group["metricValues"]}
+            assert {m["trainingStep"] for m in values.values()} == {4}
+            assert values["loss/best"]["value"] == pytest.approx(min(curve(sweep / group["name"], "loss/total")))
+            assert values["optim/clipped_fraction"]["value"] == pytest.approx(summary["clipped_steps"] / 4)
     finally:
         server.terminate()
         server.wait(timeout=30)

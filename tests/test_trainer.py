@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
 import pytest
 import warp as wp
+from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from harness.training import FIXED_COLUMNS
+from harness.training.callbacks import iteration_series
 from tests.helpers import DEVICES, exact_on, make_trainer
 
 
@@ -78,11 +81,11 @@ def test_pre_clip_norm_is_measured_before_clipping_and_post_clip_after():
     assert raw > 10 * max_norm
     trainer.step.run()
     row = dict(zip(trainer.step.columns, trainer.step.history.numpy()[0], strict=True))
-    assert row["grad/norm_pre"] == pytest.approx(raw, rel=1e-5)
+    assert row["optim/grad_norm_pre"] == pytest.approx(raw, rel=1e-5)
     coef = max_norm / (raw + 1e-6)  # clip_grad_norm_'s rule, with its 1e-6
-    assert row["grad/clip_coef"] == pytest.approx(coef, rel=1e-5)
-    assert row["grad/norm_post"] == pytest.approx(raw * coef, rel=1e-5)
-    assert row["grad/clipped"] == 1.0
+    assert row["optim/clip_coef"] == pytest.approx(coef, rel=1e-5)
+    assert row["optim/grad_norm_post"] == pytest.approx(raw * coef, rel=1e-5)
+    assert row["optim/clipped"] == 1.0
 
 
 def test_short_training_run_lowers_the_loss_and_logs_every_tag(tmp_path):
@@ -103,20 +106,20 @@ def test_short_training_run_lowers_the_loss_and_logs_every_tag(tmp_path):
         *FIXED_COLUMNS,
         "optim/lr",
         "optim/lr_scale",
-        "grad/clip_threshold",
+        "optim/clip_threshold",
         "loss/pose",
         "loss/velocity",
         "loss/effort",
-        "grad/norm_pre/controls",
+        "optim/grad_norm_pre/controls",
     ]
     for tag in per_iteration:
         assert tag in tags["scalars"], tag
         steps = [e.step for e in acc.Scalars(tag)]
-        assert steps == list(range(iterations)), tag
-    log_steps = list(range(log_every - 1, iterations, log_every))
-    for tag in ("perf/iter_ms", "perf/env_steps_per_s", "param/norm", "update/ratio"):
+        assert steps == list(range(1, iterations + 1)), tag  # TensorBoard counts iterations from 1, as the console
+    log_steps = list(range(log_every, iterations + 1, log_every))
+    for tag in ("perf/iter_ms", "perf/env_steps_per_s", "optim/param_norm", "optim/update_ratio"):
         assert [e.step for e in acc.Scalars(tag)] == log_steps, tag
-    assert [e.step for e in acc.Histograms("hist/grad/controls")] == log_steps
+    assert [e.step for e in acc.Histograms("optim/grad_hist/controls")] == log_steps
 
     # The logged loss curve is the loss the trainer saw, iteration by iteration.
     losses = [e.value for e in acc.Scalars("loss/total")]
@@ -124,6 +127,45 @@ def test_short_training_run_lowers_the_loss_and_logs_every_tag(tmp_path):
     assert losses[-1] < losses[0]
     assert summary["best_loss"] == pytest.approx(min([*losses, summary["final_loss"]]))
     # Per-parameter norm of the only parameter equals the global pre-clip norm.
-    glob = [e.value for e in acc.Scalars("grad/norm_pre")]
-    per = [e.value for e in acc.Scalars("grad/norm_pre/controls")]
+    glob = [e.value for e in acc.Scalars("optim/grad_norm_pre")]
+    per = [e.value for e in acc.Scalars("optim/grad_norm_pre/controls")]
     np.testing.assert_allclose(per, glob, rtol=1e-6)
+    # The running curves: the best loss so far and the share of clipped iterations so far.
+    np.testing.assert_allclose([e.value for e in acc.Scalars("loss/best")], np.minimum.accumulate(losses))
+    clipped = np.cumsum([e.value for e in acc.Scalars("optim/clipped")])
+    np.testing.assert_allclose(
+        [e.value for e in acc.Scalars("optim/clipped_fraction")], clipped / np.arange(1, iterations + 1)
+    )
+    # TensorBoard's Time Series groups tags by their first path segment, orders the groups
+    # by name and opens the first two: the loss first, then the gradient and clip curves.
+    groups = sorted({tag.split("/", 1)[0] for kind in ("scalars", "histograms", "images") for tag in tags[kind]})
+    assert groups[:2] == ["loss", "optim"], groups
+    assert "rollout/plot" not in tags["images"]  # plot_every=None: no rollout images
+
+
+def test_rollout_plot_is_a_tensorboard_image_at_the_first_log_step_every_n_iterations_and_the_end(tmp_path):
+    trainer = make_trainer(horizon=20, world_count=2, iterations=11, log_every=2, plot_every=4)
+    trainer.fit(tmp_path)
+    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    acc.Reload()
+    images = acc.Images("rollout/plot")
+    assert [e.step for e in images] == [2, 4, 8, 11]
+    for event in images:
+        pixels = np.asarray(Image.open(io.BytesIO(event.encoded_image_string)))
+        assert pixels.shape[:2] == (event.height, event.width) and event.width > 500
+    first, last = (np.asarray(Image.open(io.BytesIO(e.encoded_image_string))) for e in (images[0], images[-1]))
+    assert not np.array_equal(first, last)  # the solid curves moved with training
+
+
+def test_rollout_series_are_those_the_iteration_started_from():
+    """The cartpole's `controls` observable is the action parameters themselves, already
+    updated after an iteration; the plotted series take them from before the update, with
+    the rollout the iteration ran."""
+    trainer = make_trainer(horizon=20, world_count=2, iterations=1, log_every=1)
+    step = trainer.step
+    step.run()
+    series = iteration_series(step)
+    assert set(series) == {"joint_q", "joint_qd", "controls"}
+    np.testing.assert_array_equal(series["controls"], np.zeros((20, 2, 1), np.float32))  # OpenLoop's init
+    assert np.abs(step.trajectory["controls"].numpy()).max() > 0  # the live view holds the updated actions
+    np.testing.assert_array_equal(series["joint_q"], step.trajectory["joint_q"].numpy())

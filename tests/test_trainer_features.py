@@ -41,24 +41,24 @@ def test_adjoint_profile_is_logged_as_histogram_image_and_scalars_at_log_steps(t
     t = trainer(horizon=60, clip=clip_by_global_norm(1.0, adjoint={"max_norm": 1e-3}), loss_terms=FINAL)
     t.fit(tmp_path)
     acc = read(tmp_path)
-    assert [e.step for e in acc.Histograms("hist/adjoint/log10_norm_pre")] == [2, 5]
-    images = acc.Images("adjoint/profile")
-    assert [e.step for e in images] == [2, 5]
+    assert [e.step for e in acc.Histograms("through_time/log10_norm_pre")] == [3, 6]
+    images = acc.Images("through_time/profile")
+    assert [e.step for e in images] == [3, 6]
     assert images[0].width > 200 and images[0].height > 100 and images[0].encoded_image_string[:4] == b"\x89PNG"
-    assert [e.step for e in acc.Scalars("adjoint/norm_max")] == [2, 5]
+    assert [e.step for e in acc.Scalars("through_time/norm_max")] == [3, 6]
     # The threshold is far below this rollout's adjoint norms, so the clip acts at most steps.
-    assert values(acc, "adjoint/clipped_fraction")[-1] > 0.5
+    assert values(acc, "through_time/clipped_fraction")[-1] > 0.5
     assert t.step.timing["adjoint_clip"] > 0
 
 
 @pytest.mark.parametrize(("max_norm", "expected"), [(1e-3, 1.0), (1e6, 0.0)])
 def test_iterations_whose_adjoint_was_clipped_are_counted(tmp_path, max_norm, expected):
-    """`adjoint/clipped` is 1 in every iteration whose backward rescaled any step's adjoint
+    """`through_time/clipped` is 1 in every iteration whose backward rescaled any step's adjoint
     (a threshold far below this rollout's adjoint norms) and 0 when none was (far above);
     summary.json counts them apart from the global clip's `clipped_steps`."""
     t = trainer(horizon=60, clip=clip_by_global_norm(1e9, adjoint={"max_norm": max_norm}), loss_terms=FINAL)
     summary = t.fit(tmp_path)
-    assert values(read(tmp_path), "adjoint/clipped") == [expected] * 6
+    assert values(read(tmp_path), "through_time/clipped") == [expected] * 6
     assert summary["adjoint_clipped_steps"] == int(6 * expected)
     assert summary["clipped_steps"] == 0
 
@@ -163,4 +163,4 @@ def test_an_iteration_with_a_nan_gradient_leaves_parameters_optimizer_and_schedu
         for key, value in state.items():
             np.testing.assert_array_equal(value.numpy(), saved[key], err_msg=key)
     row = dict(zip(t.step.columns, t.step.history.numpy()[2], strict=True))
-    assert row["grad/skipped"] == 1.0 and row["grad/nonfinite"] > 0
+    assert row["optim/skipped"] == 1.0 and row["optim/nonfinite"] > 0

@@ -24,7 +24,14 @@ from harness.optim import Optimizer
 from harness.params import ParamSet
 from harness.schedules import Schedule, constant
 from harness.tasks import OpenLoop, Task, prepare
-from harness.training.callbacks import Checkpointer, HParamsRecord, ProgressLine, SignalStop, TensorBoardLog
+from harness.training.callbacks import (
+    Checkpointer,
+    HParamsRecord,
+    ProgressLine,
+    RolloutPlotLog,
+    SignalStop,
+    TensorBoardLog,
+)
 from harness.training.loop import Callback, Loop, Tally, TrainingInterrupted, TrainSettings, write_json
 from harness.training.state import TrainState
 from harness.training.step import FIXED_COLUMNS, CaptureError, TrainStep, capture_blocker
@@ -113,6 +120,7 @@ class Trainer:
         run_dir: str | Path,
         *,
         hparams: dict[str, bool | int | float | str] | None = None,
+        swept: list[str] | tuple[str, ...] = (),
         meta: dict[str, Any] | None = None,
         callbacks: list[Callback] | None = None,
         label: str | None = None,
@@ -123,6 +131,8 @@ class Trainer:
             run_dir: Output folder of the run.
             hparams: Hyperparameters to record with the final metrics for TensorBoard's
                 HParams dashboard (one row per run of a sweep).
+            swept: The hyperparameters that differ between the runs of a sweep (the
+                dashboard lists them first).
             meta: Extra JSON-serialisable facts stored in every checkpoint (e.g. the
                 resolved config).
             callbacks: Further callbacks, called after the built-in ones.
@@ -152,7 +162,9 @@ class Trainer:
             tensorboard,
             ProgressLine(label=label),
         ]
+        if settings.plot_every is not None:
+            built.append(RolloutPlotLog(tensorboard, every=settings.plot_every))
         if hparams is not None:
-            built.append(HParamsRecord(tensorboard, hparams))
+            built.append(HParamsRecord(tensorboard, hparams, swept=swept))
         loop = Loop(self.step, settings, [*built, *(callbacks or [])], capture=self.capture)
         return loop.fit(run_dir)

@@ -5,6 +5,7 @@
 - :class:`SignalStop`: SIGINT/SIGTERM ask the loop to stop after the current iteration.
 - :class:`TensorBoardLog`: every iteration's scalars, the log-step histograms, the adjoint
   profile (:mod:`harness.events`).
+- :class:`RolloutPlotLog`: a TensorBoard image of the rollout against time at log steps.
 - :class:`HParamsRecord`: the run's row of the HParams dashboard at the end.
 - :class:`ProgressLine`: the console line, redrawn in place on a terminal.
 """
@@ -25,7 +26,16 @@ from harness.adjoint import profile_histogram_values, profile_image, profile_sum
 from harness.events import EventWriter
 from harness.training.loop import Callback, Loop, Tally
 
-__all__ = ["Checkpointer", "HParamsRecord", "ProgressLine", "SignalStop", "TensorBoardLog", "run_identity"]
+__all__ = [
+    "Checkpointer",
+    "HParamsRecord",
+    "ProgressLine",
+    "RolloutPlotLog",
+    "SignalStop",
+    "TensorBoardLog",
+    "iteration_series",
+    "run_identity",
+]
 
 
 def run_identity(loop_or_step: Any) -> dict[str, Any]:
@@ -160,33 +170,51 @@ class SignalStop(Callback):
 
 class TensorBoardLog(Callback):
     """TensorBoard events in the run folder: one scalar per history column and iteration,
-    the log-step scalars and histograms, and the adjoint profile when it is on."""
+    the running ``loss/best`` and ``optim/clipped_fraction``, the log-step scalars and
+    histograms, and the adjoint profile when it is on.
+
+    TensorBoard's step is the iteration counted from 1, as the progress line and the
+    checkpoints count it: step ``n`` holds what iteration ``n`` computed (its loss is that of
+    the parameters after ``n - 1`` updates).
+    """
 
     def __init__(self) -> None:
         self.writer: EventWriter | None = None
 
     def on_start(self, loop: Loop) -> None:
-        self.writer = EventWriter(loop.run_dir, purge_step=loop.start_iteration or None)
+        # A resumed run hides whatever an earlier process wrote after its checkpoint.
+        self.writer = EventWriter(loop.run_dir, purge_step=loop.start_iteration + 1 if loop.start_iteration else None)
 
     def on_rows(self, loop: Loop, first: int, rows: np.ndarray) -> None:
-        columns = loop.step.columns
+        columns, tally = loop.step.columns, loop.tally
+        clipped = rows[:, columns.index("optim/clipped")]
+        clipped_before = tally.clipped_steps - int(clipped.sum())  # the tally already counts these rows
+        earlier = np.asarray(tally.losses[:first], dtype=np.float64)
+        best = float(np.nanmin(earlier)) if np.isfinite(earlier).any() else float("nan")
         for r, values in enumerate(rows):
-            self.writer.scalars(first + r, dict(zip(columns, (float(v) for v in values), strict=True)))
+            scalars = dict(zip(columns, (float(v) for v in values), strict=True))
+            loss = scalars["loss/total"]
+            best = loss if np.isfinite(loss) and not best <= loss else best
+            clipped_before += int(clipped[r])
+            scalars["loss/best"] = best
+            scalars["optim/clipped_fraction"] = clipped_before / (first + r + 1)
+            self.writer.scalars(first + r + 1, scalars)
 
     def on_scalars(self, loop: Loop, iteration: int, values: dict[str, float]) -> None:
-        self.writer.scalars(iteration, values)
+        self.writer.scalars(iteration + 1, values)
 
     def on_log(self, loop: Loop, iteration: int, values: dict[str, Any]) -> None:
+        step = iteration + 1
         for name, grad in values["grad_pre"].items():
-            self.writer.histogram(iteration, f"hist/grad/{name}", grad)
+            self.writer.histogram(step, f"optim/grad_hist/{name}", grad)
         profile = values.get("adjoint_profile")
         if profile is not None:
             adjoint = loop.step.adjoint
-            self.writer.scalars(iteration, profile_summary(profile, max_norm=adjoint.max_norm))
+            self.writer.scalars(step, profile_summary(profile, max_norm=adjoint.max_norm))
             for tag, hist in profile_histogram_values(profile).items():
-                self.writer.histogram(iteration, tag, hist)
+                self.writer.histogram(step, tag, hist)
             self.writer.image(
-                iteration, "adjoint/profile", profile_image(profile, max_norm=adjoint.max_norm, dt=loop.step.env.dt)
+                step, "through_time/profile", profile_image(profile, max_norm=adjoint.max_norm, dt=loop.step.env.dt)
             )
         self.writer.flush()
 
@@ -195,30 +223,136 @@ class TensorBoardLog(Callback):
             self.writer.close()
 
 
+def iteration_series(step: Any) -> dict[str, np.ndarray]:
+    """Host copies of what the last iteration did, step by step: every per-step observable
+    of its rollout and every parameter laid out per step (an open-loop task's actions), at
+    the parameters the iteration started from (:func:`harness.render.per_step_series`).
+
+    An observable that is a view of the flat parameters (the cartpole's ``controls`` are the
+    actions themselves) already holds the updated values after the iteration, so it is read
+    from the parameters the iteration started from too.
+    """
+    import warp as wp
+
+    from harness.render import per_step_series
+
+    start = step.eval_before.numpy()
+    data = step.state.params.data
+    observables: dict[str, Any] = {}
+    for name, array in step.trajectory.items():
+        offset = (array.ptr - data.ptr) // wp.types.type_size_in_bytes(data.dtype) if array.ptr else -1
+        if 0 <= offset < data.size and array.is_contiguous:
+            inner = tuple(getattr(array.dtype, "_shape_", ()))
+            count = array.size * int(np.prod(inner, dtype=int))
+            observables[name] = start[offset : offset + count].reshape(*array.shape, *inner)
+        else:
+            observables[name] = array
+    return per_step_series(step.env.horizon, observables, step.state.params.split(start))
+
+
+class RolloutPlotLog(Callback):
+    """TensorBoard image ``rollout/plot``: every per-step observable and an open-loop task's
+    actions against time, the first iteration this process ran dashed (before training, for
+    a fresh run) and the current one solid.
+
+    Drawn at the first log step, at the first log step at or after every multiple of
+    ``every`` iterations, and at the last iteration. The observables are those of the
+    iteration's rollout; the actions are the evaluated parameters that iteration started
+    from. The values are copied on the loop's thread; matplotlib draws on one worker thread
+    while the next iterations run (Warp's launches release the GIL). Envs without per-step
+    observables get no image.
+
+    Args:
+        tensorboard: The run's :class:`TensorBoardLog` (listed before this callback).
+        every: Iterations between images; 0: only the first log step and the last iteration.
+        max_worlds: Draw at most this many worlds.
+    """
+
+    TAG = "rollout/plot"
+
+    def __init__(self, tensorboard: TensorBoardLog, *, every: int, max_worlds: int = 8):
+        self.tensorboard, self.every, self.max_worlds = tensorboard, every, max_worlds
+        self._first: tuple[int, dict[str, np.ndarray]] | None = None
+        self._figure: Any = None
+        self._drawn = -1  # multiples of `every` already drawn
+        self._worker: Any = None
+        self._pending: list[Any] = []
+
+    def on_iteration(self, loop: Loop, iteration: int) -> None:
+        if self._first is None:
+            self._first = (iteration + 1, iteration_series(loop.step))
+
+    def on_log(self, loop: Loop, iteration: int, values: dict[str, Any]) -> None:
+        done = iteration + 1
+        bucket = done // self.every if self.every else 0
+        if not (done == loop.settings.iterations or bucket > self._drawn):
+            return
+        self._drawn = bucket
+        current = iteration_series(loop.step)
+        if self._first is None:
+            self._first = (done, current)
+        if not current:
+            return
+        if self._worker is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-plot")
+        env = loop.step.env
+        self._pending.append(
+            self._worker.submit(self._draw, done, self._first, current, float(env.dt), env.component_names())
+        )
+
+    def _draw(self, done: int, first: tuple[int, dict[str, np.ndarray]], current: dict[str, np.ndarray], dt, names):
+        from harness.render import SeriesFigure
+
+        if self._figure is None:
+            self._figure = SeriesFigure(current, dt, names, max_worlds=self.max_worlds, dpi=72)
+        first_iteration, reference = first
+        start = "before training" if first_iteration == 1 else f"iteration {first_iteration}"
+        self._figure.draw(reference, current, (start, f"iteration {done}"))
+        self.tensorboard.writer.image(done, self.TAG, self._figure.image())
+
+    def close(self, loop: Loop) -> None:
+        if self._worker is None:
+            return
+        self._worker.shutdown(wait=True)
+        self._worker = None
+        if self._figure is not None:
+            self._figure.close()
+        for future in self._pending:
+            future.result()  # a drawing error surfaces here
+        self.tensorboard.writer.flush()
+
+
+HPARAMS_METRICS = {
+    "loss/total": "loss (last iteration)",
+    "loss/best": "best loss",
+    "optim/clipped_fraction": "clipped fraction",
+    "optim/grad_norm_pre": "|g| pre-clip (last iteration)",
+}
+"""The curves whose last values the HParams table shows, with their column titles."""
+
+
 class HParamsRecord(Callback):
-    """At the end of a finished run: its hyperparameters and final metrics for the HParams dashboard.
+    """At the end of a finished run: its row of TensorBoard's HParams dashboard.
+
+    The metrics are the last values of curves the run already has
+    (:data:`HPARAMS_METRICS`), so the record adds no single-point scalars; it sits at the
+    last iteration's step.
 
     Args:
         tensorboard: The run's :class:`TensorBoardLog` (listed before this callback).
         values: The hyperparameters (``config.hparams``).
+        swept: Those that differ between the runs of a sweep (``config.swept_keys``).
     """
 
-    def __init__(self, tensorboard: TensorBoardLog, values: dict[str, bool | int | float | str]):
+    def __init__(self, tensorboard: TensorBoardLog, values: dict[str, bool | int | float | str], *, swept: Any = ()):
         self.tensorboard = tensorboard
         self.values = values
+        self.swept = tuple(swept)
 
     def on_end(self, loop: Loop, summary: dict[str, Any]) -> None:
-        self.tensorboard.writer.hparams(
-            self.values,
-            {
-                "hparams/final_loss": summary["final_loss"],
-                "hparams/best_loss": summary["best_loss"],
-                "hparams/clipped_fraction": summary["clipped_steps"] / loop.settings.iterations,
-                "hparams/nonfinite_steps": summary["nonfinite_steps"],
-                "hparams/wall_time_s": summary["wall_time_s"],
-            },
-            step=loop.settings.iterations,
-        )
+        self.tensorboard.writer.hparams(self.values, HPARAMS_METRICS, step=loop.settings.iterations, differs=self.swept)
 
 
 def _duration(seconds: float) -> str:

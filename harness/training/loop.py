@@ -50,6 +50,9 @@ class TrainSettings:
         capture: ``auto`` (capture one iteration into a graph when the device and every
             component allow it, else run eagerly and say why), True (capture or refuse),
             False (every iteration eagerly).
+        plot_every: A TensorBoard image of the rollout against time (``rollout/plot``) at
+            the first log step after every multiple of this many iterations and at the end;
+            0: only at the end; None: never.
     """
 
     iterations: int = 100
@@ -60,6 +63,7 @@ class TrainSettings:
     checkpoint_keep: int = 3
     resume: str | None = None
     capture: bool | str = "auto"
+    plot_every: int | None = 50
 
 
 class TrainingInterrupted(RuntimeError):
@@ -95,12 +99,12 @@ class Tally:
     def add(self, rows: np.ndarray, columns: list[str]) -> None:
         col = {name: columns.index(name) for name in FIXED_COLUMNS}
         self.losses.extend(float(v) for v in rows[:, col["loss/total"]])
-        self.norms.extend(float(v) for v in rows[:, col["grad/norm_pre"]])
-        self.clipped_steps += int(rows[:, col["grad/clipped"]].sum())
-        self.skipped_steps += int(rows[:, col["grad/skipped"]].sum())
-        self.nonfinite_steps += int((rows[:, col["grad/nonfinite"]] > 0).sum())
-        if "adjoint/clipped" in columns:
-            self.adjoint_clipped_steps += int(rows[:, columns.index("adjoint/clipped")].sum())
+        self.norms.extend(float(v) for v in rows[:, col["optim/grad_norm_pre"]])
+        self.clipped_steps += int(rows[:, col["optim/clipped"]].sum())
+        self.skipped_steps += int(rows[:, col["optim/skipped"]].sum())
+        self.nonfinite_steps += int((rows[:, col["optim/nonfinite"]] > 0).sum())
+        if "through_time/clipped" in columns:
+            self.adjoint_clipped_steps += int(rows[:, columns.index("through_time/clipped")].sum())
 
     def last(self, what: str) -> float:
         values = self.losses if what == "loss" else self.norms
@@ -256,8 +260,8 @@ class Loop:
             {
                 "perf/iter_ms": 1e3 * iter_s,
                 "perf/env_steps_per_s": step.env.horizon * step.env.world_count / iter_s,
-                "param/norm": values["param/norm"],
-                "update/ratio": values["update/ratio"],
+                "optim/param_norm": values["optim/param_norm"],
+                "optim/update_ratio": values["optim/update_ratio"],
             },
         )
         values["iter_s"] = iter_s

@@ -66,13 +66,13 @@ class CaptureError(RuntimeError):
 
 FIXED_COLUMNS: dict[str, Callable[[TrainStep], wp.array]] = {
     "loss/total": lambda s: s.loss.total,
-    "grad/norm_pre": lambda s: s.stats_pre.norm,
-    "grad/norm_post": lambda s: s.stats_post.norm,
-    "grad/clip_coef": lambda s: s.state.clip["coef"],
-    "grad/clipped": lambda s: s.state.clip["clipped"],
-    "grad/skipped": lambda s: s.state.clip["skip"],
-    "grad/max_abs": lambda s: s.stats_pre.max_abs,
-    "grad/nonfinite": lambda s: s.stats_pre.nonfinite,
+    "optim/grad_norm_pre": lambda s: s.stats_pre.norm,
+    "optim/grad_norm_post": lambda s: s.stats_post.norm,
+    "optim/clip_coef": lambda s: s.state.clip["coef"],
+    "optim/clipped": lambda s: s.state.clip["clipped"],
+    "optim/skipped": lambda s: s.state.clip["skip"],
+    "optim/grad_max_abs": lambda s: s.stats_pre.max_abs,
+    "optim/nonfinite": lambda s: s.stats_pre.nonfinite,
 }
 """History columns every run has, in order, with the device scalar each is read from;
 loss terms, per-parameter norms and the optimizer's, schedule's and clip policy's own
@@ -291,12 +291,13 @@ class TrainStep:
 
         sources: list[tuple[str, wp.array, int]] = [(tag, get(self), 0) for tag, get in FIXED_COLUMNS.items()]
         sources += [(f"loss/{name}", loss.term_values, k) for k, name in enumerate(loss.term_names)]
-        sources += [(f"grad/norm_pre/{name}", self.stats_pre.segment_norm, k) for k, name in enumerate(params.names)]
+        norms = self.stats_pre.segment_norm
+        sources += [(f"optim/grad_norm_pre/{name}", norms, k) for k, name in enumerate(params.names)]
         extra: dict[str, wp.array] = {}
         if "threshold" in state.clip:
-            extra["grad/clip_threshold"] = state.clip["threshold"]
+            extra["optim/clip_threshold"] = state.clip["threshold"]
         if self.adjoint is not None and self.adjoint.scales:
-            extra["adjoint/clipped"] = self.adjoint.rescaled
+            extra["through_time/clipped"] = self.adjoint.rescaled
         extra.update(optimizer.scalars(state.optim))
         extra.update(schedule.scalars(state.schedule))
         sources += [(tag, array, 0) for tag, array in extra.items()]
@@ -421,7 +422,7 @@ class TrainStep:
         """Host values taken at log steps only, after the iteration ran.
 
         Returns:
-            ``param/norm`` and ``update/ratio`` (of the evaluated parameters), ``grad_pre``
+            ``optim/param_norm`` and ``optim/update_ratio`` (of the evaluated parameters), ``grad_pre``
             (the pre-clip gradient of every parameter, for histograms) and, with the
             adjoint clip or profile on, ``adjoint_profile`` ``(horizon, world_count)``.
         """
@@ -430,8 +431,8 @@ class TrainStep:
         self.stats_update.compute(x, minus=self.eval_before)
         param_norm = float(self.stats_param.norm.numpy()[0])
         values: dict[str, Any] = {
-            "param/norm": param_norm,
-            "update/ratio": float(self.stats_update.norm.numpy()[0]) / max(param_norm, 1e-12),
+            "optim/param_norm": param_norm,
+            "optim/update_ratio": float(self.stats_update.norm.numpy()[0]) / max(param_norm, 1e-12),
             "grad_pre": self.state.params.split(self.grad_pre.numpy()),
         }
         if self.adjoint is not None:
