@@ -63,6 +63,7 @@ class BallEnv(NewtonEnv):
 
     name = "ball"
     Config = BallConfig
+    segmentable = True  # its States are its only per-step arrays
     initial_quantities: ClassVar[dict[str, str]] = {"initial_velocity": "particle_qd"}  # task=initial trains it
 
     CONTACT = ContactMaterial(ke=1.0e4, kd=1.0e1, kf=0.0, mu=0.2)

@@ -88,9 +88,18 @@ class CartpoleEnv(NewtonEnv):
     name = "cartpole"
     Config = CartpoleConfig
     state_fields = ("joint_q", "joint_qd")
+    segmentable = True  # its per-step arrays (forces, controls, scratch) are indexed by slot
 
-    def __init__(self, config: CartpoleConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
-        super().__init__(config, device=device, **fields)
+    def __init__(
+        self,
+        config: CartpoleConfig | None = None,
+        /,
+        *,
+        device: wp.context.Devicelike = None,
+        segment_steps: int | None = None,
+        **fields: Any,
+    ):
+        super().__init__(config, device=device, segment_steps=segment_steps, **fields)
         self.dt = self.config.dt
         rng = host_rng(self.config.seed)
         q0 = self.initial["joint_q"].numpy().reshape(self.world_count, DOFS_PER_WORLD)
@@ -98,18 +107,20 @@ class CartpoleEnv(NewtonEnv):
         self.initial["joint_q"].assign(q0.ravel())
         self.initial["joint_qd"].zero_()
 
+        # One row of joint forces, one Control and one scratch set per step kept (the whole
+        # horizon, or one segment: `slot(t)` says which).
         self.joint_f = wp.zeros(
-            (self.horizon, self.model.joint_dof_count), dtype=wp.float32, device=self.device, requires_grad=True
+            (self.steps_kept, self.model.joint_dof_count), dtype=wp.float32, device=self.device, requires_grad=True
         )
         self.controls = []
-        for t in range(self.horizon):
+        for t in range(self.steps_kept):
             control = self.model.control(clone_variables=False)  # only joint_f is per step
             control.joint_f = self.joint_f[t]
             self.controls.append(control)
         self._solver_scratch = {name: getattr(self.solver, name) for name in FEATHERSTONE_SCRATCH}
         self.scratch = [
             {name: wp.zeros_like(array, requires_grad=True) for name, array in self._solver_scratch.items()}
-            for _ in range(self.horizon)
+            for _ in range(self.steps_kept)
         ]
         self._actions: wp.array | None = None
 
@@ -126,10 +137,13 @@ class CartpoleEnv(NewtonEnv):
         return newton.solvers.SolverFeatherstone(self.model, angular_damping=self.config.angular_damping)
 
     def control_at(self, t: int) -> newton.Control:
-        return self.controls[t]
+        return self.controls[self.slot(t)]
+
+    def step_arrays(self) -> list[wp.array]:
+        return [*(array for scratch in self.scratch for array in scratch.values()), self.joint_f]
 
     def extra_arrays(self) -> list[wp.array]:
-        return [*(array for scratch in self.scratch for array in scratch.values()), self.joint_f]
+        return self.step_arrays()
 
     def act(self, t: int, actions: wp.array) -> None:
         self._actions = actions
@@ -137,12 +151,12 @@ class CartpoleEnv(NewtonEnv):
             _apply_cart_force,
             dim=self.world_count,
             inputs=[actions, t, DOFS_PER_WORLD, CART_DOF],
-            outputs=[self.joint_f[t]],
+            outputs=[self.joint_f[self.slot(t)]],
             device=self.device,
         )
 
     def step(self, t: int) -> None:
-        scratch = self.scratch[t] if self.config.per_step_scratch else self._solver_scratch
+        scratch = self.scratch[self.slot(t)] if self.config.per_step_scratch else self._solver_scratch
         for name, array in scratch.items():
             setattr(self.solver, name, array)
         super().step(t)

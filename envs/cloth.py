@@ -63,6 +63,7 @@ class ClothEnv(NewtonEnv):
 
     name = "cloth"
     Config = ClothConfig
+    segmentable = True  # its States are its only per-step arrays
     initial_quantities: ClassVar[dict[str, str]] = {"initial_velocity": "particle_qd"}  # task=initial trains it
 
     def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):

@@ -99,6 +99,7 @@ class SoftBodyEnv(NewtonEnv):
 
     name = "soft_body"
     Config = SoftBodyConfig
+    segmentable = True  # its per-step contacts are indexed by slot
 
     CONTACT = ContactMaterial(ke=1.0e3, kd=1.0, kf=0.0, mu=0.2)
 
@@ -111,7 +112,7 @@ class SoftBodyEnv(NewtonEnv):
         self.collision_pipeline = newton.CollisionPipeline(
             self.model, broad_phase="explicit", soft_contact_gap=0.001, requires_grad=True
         )
-        count = self.horizon if self.config.per_step_contacts else 1
+        count = self.steps_kept if self.config.per_step_contacts else 1
         self.contacts = [self.collision_pipeline.contacts() for _ in range(count)]
 
     def build_model(self) -> newton.Model:
@@ -153,8 +154,17 @@ class SoftBodyEnv(NewtonEnv):
     def build_solver(self) -> newton.solvers.SolverSemiImplicit:
         return newton.solvers.SolverSemiImplicit(self.model)
 
+    @classmethod
+    def segment_blocker(cls, config: EnvConfig) -> str | None:
+        if not config.per_step_contacts:
+            return "env.per_step_contacts=false overwrites one contact set every step; accepted: true"
+        return super().segment_blocker(config)
+
     def contacts_at(self, t: int) -> newton.Contacts:
-        return self.contacts[t if self.config.per_step_contacts else 0]
+        return self.contacts[self.slot(t) if self.config.per_step_contacts else 0]
+
+    def step_arrays(self) -> list[wp.array]:
+        return self.extra_arrays() if self.config.per_step_contacts else []
 
     def step(self, t: int) -> None:
         # Collide inside the rollout, as the example does: the contact points follow the

@@ -74,6 +74,7 @@ class SpringCageEnv(NewtonEnv):
 
     name = "spring_cage"
     Config = SpringCageConfig
+    segmentable = True  # its States are its only per-step arrays
 
     def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
         super().__init__(config, device=device, **fields)

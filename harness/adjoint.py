@@ -176,8 +176,17 @@ class AdjointClipper:
     def step_hook(self, tape: wp.Tape):
         """Zero the profile and the rescaled flag, and return the ``after_step`` hook that
         records into ``tape``."""
+        self.reset()
+        return self.hook(tape)
+
+    def reset(self) -> None:
+        """Zero the profile and the rescaled flag (once per iteration, before its backward)."""
         self.sumsq.zero_()
         self.rescaled.zero_()
+
+    def hook(self, tape: wp.Tape):
+        """The ``after_step`` hook that records into ``tape`` (a segmented backward makes one
+        per segment's tape, :mod:`harness.memory`)."""
 
         def hook(step: int, arrays: list[wp.array]) -> None:
             if not 0 <= step < self.horizon:

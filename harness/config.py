@@ -238,6 +238,7 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
     )
     check_group_types(cfg, choices)
     env_class, env_fields = check_env_fields(cfg)
+    segment_steps(cfg, env_class, env_fields)
     if settings.capture is True and not getattr(env_class, "capturable", True):
         note = getattr(env_class, "capture_note", "") or "it declares capturable = False"
         raise ConfigError(
@@ -266,15 +267,39 @@ _PREBUILT: dict[tuple[str, str | None], Any] = {}
 config, device), handed once to the run's :func:`build_run`."""
 
 
+def segment_steps(cfg: DictConfig, env_class: Any, env_config: Any) -> int | None:
+    """``memory.segment_steps`` resolved for this env (None, or steps per segment).
+
+    Raises:
+        ConfigError: One line: not null, auto or an integer in ``[1, env.horizon]``, or an env
+            that cannot run in segments.
+    """
+    from harness.memory import resolve_segment_steps
+
+    value = (cfg.get("memory") or {}).get("segment_steps")
+    try:
+        steps = resolve_segment_steps(value, env_config.horizon)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if steps is not None:
+        why = env_class.segment_blocker(env_config)
+        if why is not None:
+            raise ConfigError(
+                f"memory.segment_steps: env '{env_class.name}' cannot run in segments ({why}); accepted: null"
+            )
+    return steps
+
+
 def build_env(cfg: DictConfig, device: str | None) -> Any:
-    """Build the env of ``cfg`` (this compiles its kernels).
+    """Build the env of ``cfg`` (this compiles its kernels), with ``memory.segment_steps``.
 
     Raises:
         ConfigError: One line when the env's own code raises while building.
     """
     env_class, env_config = check_env_fields(cfg)
+    steps = segment_steps(cfg, env_class, env_config)
     try:
-        return env_class(env_config, device=device)
+        return env_class(env_config, device=device, **({"segment_steps": steps} if steps is not None else {}))
     except Exception as exc:
         raise ConfigError(
             f"env: building {env_class.__module__}.{env_class.__qualname__} failed: "
@@ -282,8 +307,8 @@ def build_env(cfg: DictConfig, device: str | None) -> Any:
         ) from None
 
 
-def _env_key(cfg: DictConfig, device: str | None) -> tuple[str, str | None]:
-    return OmegaConf.to_yaml(cfg.env, resolve=True), device
+def _env_key(cfg: DictConfig, device: str | None) -> tuple[str, str | None, Any]:
+    return OmegaConf.to_yaml(cfg.env, resolve=True), device, (cfg.get("memory") or {}).get("segment_steps")
 
 
 def build_run(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
@@ -434,7 +459,7 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     return folder
 
 
-RESUME_MAY_CHANGE = ("iterations", "log_every", "plot_every", "checkpoint", "device", "capture", "resume")
+RESUME_MAY_CHANGE = ("iterations", "log_every", "plot_every", "checkpoint", "device", "capture", "resume", "memory")
 """Top-level config keys a resumed run may change; everything else must match the checkpoint."""
 
 

@@ -43,6 +43,20 @@ An env that cannot keep the contract sets ``capturable = False`` (and says why i
 ``capture_note``); ``capture=auto`` then runs eagerly after printing that reason, and
 ``capture=true`` refuses to start. :func:`harness.training.step.check_capture` compares
 an eager and a replayed rollout bit for bit, the test every env in this repository passes.
+
+Segments (bounded memory)
+-------------------------
+With ``memory.segment_steps=K`` (:mod:`harness.memory`) a rollout runs in segments of K
+steps: the env keeps the states of one segment only (K + 1 of them, reused by every
+segment) and a saved copy of the state at every segment start. Backward runs segment by
+segment from the last, re-running each segment's forward under its own tape from its saved
+start state and carrying the state's adjoint into the previous segment. An env that can do
+this sets :attr:`Env.segmentable` and implements :meth:`~Env.begin_segment`,
+:meth:`~Env.end_segment`, :meth:`~Env.zero_segment_grad`, :meth:`~Env.save_adjoint` and
+:meth:`~Env.load_adjoint`; :class:`harness.newton_env.NewtonEnv` does it generically for
+Newton ``State`` objects (every array of the State is saved and every gradient carried).
+Arrays the env keeps per step (a per-step scratch copy, a per-step control) are indexed
+by the step's slot in its segment (:meth:`~harness.newton_env.NewtonEnv.slot`).
 """
 
 from __future__ import annotations
@@ -162,15 +176,28 @@ class Env(abc.ABC):
         dt: Simulation time step [s] (set by the env).
         capturable: Whether the rollout keeps the capture contract (module docstring).
         capture_note: Why an env is not capturable.
+        segmentable: Whether the env can run a rollout in segments (module docstring).
+        segment_note: Why an env cannot.
+        segment_steps: Steps per segment, or None (one segment: the whole horizon).
     """
 
     name: ClassVar[str]
     Config: ClassVar[type[EnvConfig]] = EnvConfig
     capturable: ClassVar[bool] = True
     capture_note: ClassVar[str] = ""
+    segmentable: ClassVar[bool] = False
+    segment_note: ClassVar[str] = "it does not implement saving and restoring its state (harness.env)"
     dt: float
 
-    def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
+    def __init__(
+        self,
+        config: EnvConfig | None = None,
+        /,
+        *,
+        device: wp.context.Devicelike = None,
+        segment_steps: int | None = None,
+        **fields: Any,
+    ):
         if config is None:
             config = schema.build(self.Config, fields, prefix="env")
         elif fields:
@@ -179,7 +206,19 @@ class Env(abc.ABC):
         self.device = wp.get_device(device)
         self.horizon = config.horizon
         self.world_count = config.world_count
+        if segment_steps is not None:
+            why = self.segment_blocker(config)
+            if why is not None:
+                raise ValueError(f"memory.segment_steps: env '{self.name}' cannot run in segments: {why}")
+            if not 1 <= segment_steps <= self.horizon:
+                raise ValueError(f"memory.segment_steps: {segment_steps} is outside [1, env.horizon={self.horizon}]")
+        self.segment_steps = segment_steps
         self._wanted: dict[str, str] = dict.fromkeys(self.observables, "all")
+
+    @classmethod
+    def segment_blocker(cls, config: EnvConfig) -> str | None:
+        """Why this env, with this config, cannot run in segments; None when it can."""
+        return None if cls.segmentable else cls.segment_note
 
     # -- what the env offers, from its config -----------------------------------------
 
@@ -240,6 +279,42 @@ class Env(abc.ABC):
     @abc.abstractmethod
     def zero_grad(self) -> None:
         """Zero the gradient of every array the env owns (states, controls, scratch, model)."""
+
+    # -- segments (only called when segment_steps is set) ---------------------------------
+
+    def begin_segment(self, start: int, *, restore: bool) -> None:
+        """Make the following steps ``start, start + 1, ...`` use the segment's storage, state
+        ``start`` first; with ``restore``, copy the state saved by :meth:`end_segment` at
+        ``start`` into it (outside any tape)."""
+        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
+
+    def end_segment(self, end: int) -> None:
+        """Save state ``end`` (the next segment's start) for :meth:`begin_segment`."""
+        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
+
+    def zero_segment_grad(self) -> None:
+        """Zero the gradients of the segment's storage (its states and per-step arrays), not
+        those that accumulate over the whole rollout (model, inputs, observables)."""
+        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
+
+    def save_adjoint(self, t: int) -> None:
+        """Keep the adjoint (gradient) of state ``t``, the current segment's first state."""
+        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
+
+    def load_adjoint(self, t: int) -> None:
+        """Write the kept adjoint into the gradient of state ``t``, the current segment's last state."""
+        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
+
+    def stash_accumulated_grad(self) -> None:
+        """Keep a copy of the gradients that accumulate over the whole rollout and that the
+        task's ``begin`` may write into (the model's, the initial state's): re-running
+        segment 0 under a tape re-runs ``begin``, whose ``wp.copy`` also copies the source's
+        gradient into the destination's (Warp does that in the forward pass)."""
+        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
+
+    def restore_accumulated_grad(self) -> None:
+        """Put back what :meth:`stash_accumulated_grad` kept."""
+        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
         """Physical figures of a rollout worth reporting (host values); empty by default."""

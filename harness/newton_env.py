@@ -10,7 +10,12 @@ new env writes only its scene, its solver, its observables and its quantities:
 - ``step`` clears forces and calls ``solver.step`` with the step's control and contacts;
 - ``zero_grad`` zeroes the gradient of every array of the model, the solver and every
   State, and of what :meth:`NewtonEnv.extra_arrays` adds;
-- observables requested with ``steps: last`` only are recorded once (one row).
+- observables requested with ``steps: last`` only are recorded once (one row);
+- segments (``memory.segment_steps``, :mod:`harness.memory`): the States of one segment
+  only, every array of the State saved at each segment start and every gradient of the
+  State carried between segments, for any Newton ``State``. A subclass whose per-step
+  arrays are indexed by :meth:`NewtonEnv.slot` (and listed in :meth:`NewtonEnv.step_arrays`)
+  sets ``segmentable = True``.
 
 """
 
@@ -81,13 +86,34 @@ class NewtonEnv(Env):
     Config: ClassVar[type[EnvConfig]] = NewtonEnvConfig
     state_fields: ClassVar[tuple[str, ...]] = ("particle_q", "particle_qd")
     initial_quantities: ClassVar[dict[str, str]] = {}
+    segment_note: ClassVar[str] = "its per-step arrays are not indexed by segment slot (NewtonEnv.slot)"
 
-    def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
-        super().__init__(config, device=device, **fields)
+    def __init__(
+        self,
+        config: EnvConfig | None = None,
+        /,
+        *,
+        device: wp.context.Devicelike = None,
+        segment_steps: int | None = None,
+        **fields: Any,
+    ):
+        super().__init__(config, device=device, segment_steps=segment_steps, **fields)
         self.model = self.build_model()
         self.solver = self.build_solver()
-        count = self.horizon + 1 if self.config.per_step_states else 2
+        count = self.steps_kept + 1 if self.config.per_step_states else 2
         self.states = [self.model.state(requires_grad=True) for _ in range(count)]
+        self._base = 0  # the step whose State is states[0] (a segment's start)
+        self._saved: dict[int, Any] = {}
+        self._carry: dict[str, wp.array] = {}
+        self._stash: list[wp.array] | None = None
+        if self.segment_steps is not None:
+            k = self.segment_steps
+            self._saved = {start: self.model.state() for start in range(k, self.horizon, k)}
+            self._carry = {
+                name: wp.zeros_like(array.grad)
+                for name, array in _state_arrays(self.states[0])
+                if array.grad is not None
+            }
         self.initial = {name: wp.clone(getattr(self.states[0], name), requires_grad=True) for name in self.state_fields}
         self._built_initial = {name: self.initial[f].numpy().copy() for name, f in self.initial_quantities.items()}
         self.control = self.model.control()
@@ -101,9 +127,79 @@ class NewtonEnv(Env):
     def build_solver(self) -> Any:
         """The solver stepping ``self.model``."""
 
+    @classmethod
+    def segment_blocker(cls, config: EnvConfig) -> str | None:
+        if not getattr(config, "per_step_states", True):
+            return "env.per_step_states=false steps two States in turn; accepted: env.per_step_states=true"
+        return super().segment_blocker(config)
+
+    @property
+    def steps_kept(self) -> int:
+        """Steps whose States and per-step arrays are kept at once: the horizon, or a segment."""
+        return self.segment_steps or self.horizon
+
+    def slot(self, t: int) -> int:
+        """Where step ``t``'s per-step arrays are: ``t``, or its place in its segment."""
+        return t - self._base
+
     def state(self, t: int) -> Any:
         """The State holding the simulation after ``t`` steps."""
-        return self.states[t] if self.config.per_step_states else self.states[t % 2]
+        if not self.config.per_step_states:
+            return self.states[t % 2]
+        k = t - self._base
+        if not 0 <= k < len(self.states):
+            raise IndexError(
+                f"state {t} is outside the current segment (steps {self._base} .. {self._base + len(self.states) - 1})"
+            )
+        return self.states[k]
+
+    def step_arrays(self) -> list[wp.array]:
+        """Per-step arrays indexed by :meth:`slot` (per-step scratch, per-step controls):
+        their gradients are zeroed between segments."""
+        return []
+
+    # -- segments ---------------------------------------------------------------------------
+
+    def begin_segment(self, start: int, *, restore: bool) -> None:
+        self._base = start
+        if restore:
+            for name, array in _state_arrays(self._saved[start]):
+                wp.copy(getattr(self.states[0], name), array)
+
+    def end_segment(self, end: int) -> None:
+        state = self.state(end)
+        for name, array in _state_arrays(self._saved[end]):
+            wp.copy(array, getattr(state, name))
+
+    def zero_segment_grad(self) -> None:
+        for grad in array_grads(*self.states):
+            grad.zero_()
+        for array in self.step_arrays():
+            if array.grad is not None:
+                array.grad.zero_()
+
+    def save_adjoint(self, t: int) -> None:
+        state = self.state(t)
+        for name, carry in self._carry.items():
+            wp.copy(carry, getattr(state, name).grad)
+
+    def load_adjoint(self, t: int) -> None:
+        state = self.state(t)
+        for name, carry in self._carry.items():
+            wp.copy(getattr(state, name).grad, carry)
+
+    def _accumulated(self) -> list[wp.array]:
+        return [*array_grads(self.model), *(a.grad for a in self.initial.values() if a.grad is not None)]
+
+    def stash_accumulated_grad(self) -> None:
+        if self._stash is None:  # allocated in the first (eager) iteration, reused by a graph
+            self._stash = [wp.empty_like(grad) for grad in self._accumulated()]
+        for kept, grad in zip(self._stash, self._accumulated(), strict=True):
+            wp.copy(kept, grad)
+
+    def restore_accumulated_grad(self) -> None:
+        for kept, grad in zip(self._stash, self._accumulated(), strict=True):
+            wp.copy(grad, kept)
 
     def control_at(self, t: int) -> Any:
         """The Control of step ``t`` (one shared Control by default)."""
@@ -189,6 +285,11 @@ class NewtonEnv(Env):
         for array in (*self.initial.values(), *self.observed.values(), *self.extra_arrays()):
             if array.grad is not None:
                 array.grad.zero_()
+
+
+def _state_arrays(state: Any) -> list[tuple[str, wp.array]]:
+    """Every Warp array of a Newton ``State``, by attribute name (what a segment start saves)."""
+    return [(name, value) for name, value in vars(state).items() if isinstance(value, wp.array)]
 
 
 def final_distances(trajectory: Trajectory, name: str) -> list[float]:

@@ -188,3 +188,12 @@ def test_the_user_env_runs_with_capture_on(user_folder):
     assert proc.returncode == 0, proc.stderr
     final = json.loads((user_folder / "work" / "r" / "summary.json").read_text())["final_loss"]
     assert np.isfinite(final)
+
+
+def test_segments_are_refused_for_a_user_env_that_does_not_declare_them(user_folder):
+    """A NewtonEnv subclass is not segmentable until it says its per-step arrays follow
+    NewtonEnv.slot: one line, nothing written."""
+    proc = harness(user_folder, "train", "+env=projectile", "memory.segment_steps=5")
+    assert_clean_rejection(
+        proc, "memory.segment_steps: env 'projectile' cannot run in segments", "NewtonEnv.slot", user_folder / "work"
+    )

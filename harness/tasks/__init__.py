@@ -13,8 +13,8 @@ A task decides what the trainable parameters are and how they enter a rollout; t
 
 from __future__ import annotations
 
-from harness.tasks.base import Task, prepare, rollout
+from harness.tasks.base import Task, prepare, rollout, rollout_segment, segment_bounds
 from harness.tasks.open_loop import OpenLoop
 from harness.tasks.quantities import TrainQuantities
 
-__all__ = ["OpenLoop", "Task", "TrainQuantities", "prepare", "rollout"]
+__all__ = ["OpenLoop", "Task", "TrainQuantities", "prepare", "rollout", "rollout_segment", "segment_bounds"]

@@ -10,7 +10,7 @@ import warp as wp
 from harness.env import Env, EnvConfig, StepHook, Trajectory
 from harness.params import ParamSet, ParamSpec
 
-__all__ = ["Task", "prepare", "rollout"]
+__all__ = ["Task", "prepare", "rollout", "rollout_segment", "segment_bounds"]
 
 
 class Task(abc.ABC):
@@ -53,7 +53,11 @@ def rollout(env: Env, task: Task, params: ParamSet, *, after_step: StepHook | No
     """Simulate ``env.horizon`` steps driven by ``task`` with ``params``.
 
     Every launch is recordable by a :class:`warp.Tape` (call it inside one for gradients)
-    and, for a capturable env and task, by a graph capture.
+    and, for a capturable env and task, by a graph capture. An env with ``segment_steps``
+    set runs segment after segment, saving each segment's start state (what a segmented
+    backward restores, :mod:`harness.memory`); nothing of that is differentiable, so record
+    a segmented rollout under a tape only one segment at a time
+    (:func:`rollout_segment`).
 
     Args:
         env: The simulation.
@@ -65,14 +69,45 @@ def rollout(env: Env, task: Task, params: ParamSet, *, after_step: StepHook | No
     Returns:
         The env's trajectory of requested observables.
     """
-    task.begin(env, params)
-    for t in range(env.horizon):
+    bounds = segment_bounds(env.horizon, env.segment_steps)
+    for j, (start, end) in enumerate(bounds):
+        rollout_segment(env, task, params, start, end, after_step=after_step)
+        if j + 1 < len(bounds):
+            env.end_segment(end)
+    return env.trajectory()
+
+
+def rollout_segment(
+    env: Env,
+    task: Task,
+    params: ParamSet,
+    start: int,
+    end: int,
+    *,
+    after_step: StepHook | None = None,
+    begin: bool = True,
+) -> None:
+    """Steps ``start .. end - 1`` of a rollout: from the task's initial state when ``start``
+    is 0, else from the state saved at ``start``. ``begin=False``: the caller has already
+    called ``env.begin_segment`` (outside the tape that records this call)."""
+    if begin and env.segment_steps is not None:
+        env.begin_segment(start, restore=start > 0)
+    if start == 0:
+        task.begin(env, params)
+    for t in range(start, end):
         task.act(env, params, t)
         env.step(t)
         if after_step is not None:
             after_step(t, env.state_arrays(t + 1))
         env.record(t)
-    return env.trajectory()
+
+
+def segment_bounds(horizon: int, steps: int | None) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` of segments of ``steps`` steps (the last may be shorter);
+    one segment ``(0, horizon)`` when ``steps`` is None."""
+    if steps is None:
+        return [(0, horizon)]
+    return [(start, min(start + steps, horizon)) for start in range(0, horizon, steps)]
 
 
 def prepare(env: Env, task: Task, loss: object, *, device: wp.context.Devicelike = None) -> ParamSet:

@@ -280,6 +280,7 @@ class Loop:
             "status": status,
             "env": step.env.name,
             "device": str(step.device),
+            "segment_steps": step.env.segment_steps,
             "versions": versions(),
             "iterations": self.settings.iterations,
             "iterations_done": tally.flushed,

@@ -38,6 +38,7 @@ from harness.adjoint import AdjointClipper
 from harness.clip import ClipPolicy, SkipGuard
 from harness.env import Env, Trajectory
 from harness.losses import WeightedLoss
+from harness.memory import segmented_forward_backward
 from harness.optim import Optimizer
 from harness.params import ParamSet
 from harness.schedules import Schedule
@@ -125,6 +126,11 @@ def record_rollout(
     Returns:
         The tape (keep it as long as a graph that captured it), the trajectory and the loss total.
     """
+    if env.segment_steps is not None:  # its States are reused by every segment: one tape would read overwritten values
+        raise ValueError(
+            f"record_rollout: env '{env.name}' runs in segments of {env.segment_steps} steps; "
+            "use harness.memory.segmented_forward_backward"
+        )
     zero_grads(env, loss, params)
     tape = wp.Tape()
     with tape:
@@ -320,7 +326,7 @@ class TrainStep:
 
         self.graph: Any = None
         self.trajectory: Trajectory | None = None
-        self._tape: wp.Tape | None = None
+        self._tape: Any = None  # the tape (or what a segmented backward kept) a captured graph references
         self._timed = True
         self.timing = dict.fromkeys(
             ("forward", "backward", "adjoint_clip", "grad_stats_clip", "optim", "capture", "graph"), 0.0
@@ -329,8 +335,26 @@ class TrainStep:
     # -- the iteration --------------------------------------------------------------------
 
     def forward_backward(self) -> Trajectory:
-        """Zero all gradients, record rollout + loss on a fresh tape, run backward."""
+        """Zero all gradients, record rollout + loss on a fresh tape, run backward; with
+        ``env.segment_steps`` set, in segments (:func:`harness.memory.segmented_forward_backward`,
+        whose time counts as ``backward``: it re-runs the forward pass segment by segment)."""
         t0 = time.perf_counter()
+        if self.env.segment_steps is not None:
+            adjoint_before = self.adjoint.elapsed_s if self.adjoint is not None else 0.0
+            zero_grads(self.env, self.loss, self.state.params)
+            self._tape, self.trajectory, _ = segmented_forward_backward(
+                self.env,
+                self.task,
+                self.loss,
+                self.state.params,
+                adjoint=self.adjoint,
+                keep_tapes=not self._timed,  # untimed = being captured: keep what the graph references
+            )
+            if self._timed:
+                adjoint_s = (self.adjoint.elapsed_s if self.adjoint is not None else 0.0) - adjoint_before
+                self.timing["backward"] += time.perf_counter() - t0 - adjoint_s
+                self.timing["adjoint_clip"] += adjoint_s
+            return self.trajectory
         # The graph replays launches that reference the tape's arrays: keep the tape.
         self._tape, self.trajectory, total = record_rollout(
             self.env, self.task, self.loss, self.state.params, adjoint=self.adjoint
