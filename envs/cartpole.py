@@ -124,6 +124,12 @@ class CartpoleEnv(NewtonEnv):
         ]
         self._actions: wp.array | None = None
 
+    @classmethod
+    def segment_blocker(cls, config: CartpoleConfig) -> str | None:
+        if not config.per_step_scratch:
+            return "env.per_step_scratch=false shares one scratch set between steps; accepted: true"
+        return super().segment_blocker(config)
+
     def build_model(self) -> newton.Model:
         single = newton.ModelBuilder()
         single.add_urdf(newton.examples.get_asset("cartpole.urdf"), floating=False, enable_self_collisions=False)

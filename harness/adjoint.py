@@ -219,7 +219,7 @@ class AdjointClipper:
 
 
 def profile_summary(profile: np.ndarray, *, max_norm: float | None = None) -> dict[str, float]:
-    """Scalars of a profile for TensorBoard (``adjoint/...`` tags).
+    """Scalars of a profile for TensorBoard (``through_time/...`` tags).
 
     Returns:
         ``through_time/norm_max`` (largest per-world step norm), ``through_time/norm_first`` (the

@@ -262,9 +262,9 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
     )
 
 
-_PREBUILT: dict[tuple[str, str | None], Any] = {}
+_PREBUILT: dict[tuple[str, str | None, Any], Any] = {}
 """The env the command line's early check built (:func:`precheck`), by (resolved env
-config, device), handed once to the run's :func:`build_run`."""
+config, device, ``memory.segment_steps``), handed once to the run's :func:`build_run`."""
 
 
 def segment_steps(cfg: DictConfig, env_class: Any, env_config: Any) -> int | None:

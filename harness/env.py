@@ -52,8 +52,9 @@ segment) and a saved copy of the state at every segment start. Backward runs seg
 segment from the last, re-running each segment's forward under its own tape from its saved
 start state and carrying the state's adjoint into the previous segment. An env that can do
 this sets :attr:`Env.segmentable` and implements :meth:`~Env.begin_segment`,
-:meth:`~Env.end_segment`, :meth:`~Env.zero_segment_grad`, :meth:`~Env.save_adjoint` and
-:meth:`~Env.load_adjoint`; :class:`harness.newton_env.NewtonEnv` does it generically for
+:meth:`~Env.end_segment`, :meth:`~Env.zero_segment_grad`, :meth:`~Env.save_adjoint`,
+:meth:`~Env.load_adjoint`, :meth:`~Env.stash_accumulated_grad` and
+:meth:`~Env.restore_accumulated_grad`; :class:`harness.newton_env.NewtonEnv` does it generically for
 Newton ``State`` objects (every array of the State is saved and every gradient carried).
 Arrays the env keeps per step (a per-step scratch copy, a per-step control) are indexed
 by the step's slot in its segment (:meth:`~harness.newton_env.NewtonEnv.slot`).

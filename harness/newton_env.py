@@ -12,8 +12,9 @@ new env writes only its scene, its solver, its observables and its quantities:
   State, and of what :meth:`NewtonEnv.extra_arrays` adds;
 - observables requested with ``steps: last`` only are recorded once (one row);
 - segments (``memory.segment_steps``, :mod:`harness.memory`): the States of one segment
-  only, every array of the State saved at each segment start and every gradient of the
-  State carried between segments, for any Newton ``State``. A subclass whose per-step
+  only, every array of the State (its attribute namespaces included, as ``State.assign``
+  copies them) saved at each segment start and every gradient of the State carried
+  between segments, for any Newton ``State``. A subclass whose per-step
   arrays are indexed by :meth:`NewtonEnv.slot` (and listed in :meth:`NewtonEnv.step_arrays`)
   sets ``segmentable = True``.
 
@@ -108,10 +109,12 @@ class NewtonEnv(Env):
         self._stash: list[wp.array] | None = None
         if self.segment_steps is not None:
             k = self.segment_steps
-            self._saved = {start: self.model.state() for start in range(k, self.horizon, k)}
+            # values only: a saved State with gradients would double its memory, and wp.copy
+            # would copy those gradients along at every save and restore
+            self._saved = {start: self.model.state(requires_grad=False) for start in range(k, self.horizon, k)}
             self._carry = {
                 name: wp.zeros_like(array.grad)
-                for name, array in _state_arrays(self.states[0])
+                for name, array in _state_arrays(self.states[0]).items()
                 if array.grad is not None
             }
         self.initial = {name: wp.clone(getattr(self.states[0], name), requires_grad=True) for name in self.state_fields}
@@ -163,30 +166,33 @@ class NewtonEnv(Env):
     def begin_segment(self, start: int, *, restore: bool) -> None:
         self._base = start
         if restore:
-            for name, array in _state_arrays(self._saved[start]):
-                wp.copy(getattr(self.states[0], name), array)
+            first = _state_arrays(self.states[0])
+            for name, array in _state_arrays(self._saved[start]).items():
+                wp.copy(first[name], array)
 
     def end_segment(self, end: int) -> None:
-        state = self.state(end)
-        for name, array in _state_arrays(self._saved[end]):
-            wp.copy(array, getattr(state, name))
+        state = _state_arrays(self.state(end))
+        for name, array in _state_arrays(self._saved[end]).items():
+            wp.copy(array, state[name])
 
     def zero_segment_grad(self) -> None:
-        for grad in array_grads(*self.states):
-            grad.zero_()
+        for state in self.states:
+            for array in _state_arrays(state).values():
+                if array.grad is not None:
+                    array.grad.zero_()
         for array in self.step_arrays():
             if array.grad is not None:
                 array.grad.zero_()
 
     def save_adjoint(self, t: int) -> None:
-        state = self.state(t)
+        state = _state_arrays(self.state(t))
         for name, carry in self._carry.items():
-            wp.copy(carry, getattr(state, name).grad)
+            wp.copy(carry, state[name].grad)
 
     def load_adjoint(self, t: int) -> None:
-        state = self.state(t)
+        state = _state_arrays(self.state(t))
         for name, carry in self._carry.items():
-            wp.copy(getattr(state, name).grad, carry)
+            wp.copy(state[name].grad, carry)
 
     def _accumulated(self) -> list[wp.array]:
         return [*array_grads(self.model), *(a.grad for a in self.initial.values() if a.grad is not None)]
@@ -280,16 +286,31 @@ class NewtonEnv(Env):
         return [getattr(state, name).reshape((self.world_count, -1)) for name in self.state_fields]
 
     def zero_grad(self) -> None:
-        for grad in array_grads(self.model, self.solver, self.control, *self.states):
+        for grad in array_grads(self.model, self.solver, self.control):
             grad.zero_()
+        for state in self.states:
+            for array in _state_arrays(state).values():
+                if array.grad is not None:
+                    array.grad.zero_()
         for array in (*self.initial.values(), *self.observed.values(), *self.extra_arrays()):
             if array.grad is not None:
                 array.grad.zero_()
 
 
-def _state_arrays(state: Any) -> list[tuple[str, wp.array]]:
-    """Every Warp array of a Newton ``State``, by attribute name (what a segment start saves)."""
-    return [(name, value) for name, value in vars(state).items() if isinstance(value, wp.array)]
+def _state_arrays(state: Any) -> dict[str, wp.array]:
+    """Every Warp array of a Newton ``State`` by attribute path: its own arrays and those in
+    its attribute namespaces (``mujoco.qfrc_actuator``, custom attributes), the set Newton's
+    ``State.assign`` copies. What a segment start saves, restores and carries."""
+    import newton
+
+    namespace = getattr(newton.Model, "AttributeNamespace", ())
+    found: dict[str, wp.array] = {}
+    for name, value in vars(state).items():
+        if isinstance(value, wp.array):
+            found[name] = value
+        elif namespace and isinstance(value, namespace):
+            found.update({f"{name}.{k}": v for k, v in vars(value).items() if isinstance(v, wp.array)})
+    return found
 
 
 def final_distances(trajectory: Trajectory, name: str) -> list[float]:

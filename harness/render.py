@@ -260,7 +260,9 @@ def draw_video(scene: Scene, runs: list[Frames], titles: list[str], dt: float, p
 def per_step_series(horizon: int, observables: dict[str, Any], params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Host copies of what is worth plotting against time: every observable with one value
     per step, ``(horizon, worlds, dim)``, and every parameter laid out that way (an open-loop
-    task's actions, named ``<param> (trained)``)."""
+    task's actions of width > 1, named ``<param> (trained)``; actions of width 1 are
+    ``(horizon, worlds)`` and not repeated here: an env shows them as an observable, as the
+    cartpole's ``controls``)."""
     values = {}
     for name, array in observables.items():
         value = array.numpy() if hasattr(array, "numpy") else np.asarray(array)
@@ -296,10 +298,10 @@ class SeriesFigure:
         max_worlds: int | None = None,
         dpi: int = 100,
     ):
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        # A Figure with its own Agg canvas, not pyplot: no global figure registry, so it can be
+        # drawn on a worker thread while the loop's thread draws other images.
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
         self.panels = [(name, d) for name, values in series.items() for d in range(values.shape[2])]
         self.titles: list[str] = []
@@ -310,7 +312,9 @@ class SeriesFigure:
         self.worlds = worlds
         cols = min(3, len(self.panels))
         rows = (len(self.panels) + cols - 1) // cols
-        self.figure, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.2 * rows), dpi=dpi, squeeze=False)
+        self.figure = Figure(figsize=(5.0 * cols, 3.2 * rows), dpi=dpi)
+        FigureCanvasAgg(self.figure)
+        axes = self.figure.subplots(rows, cols, squeeze=False)
         self.axes = list(axes.flat)
         self.lines: list[list[list[Any]]] = []  # [panel][style][world]
         for ax, (name, d) in zip(self.axes, self.panels, strict=False):
@@ -363,11 +367,7 @@ class SeriesFigure:
         self.figure.savefig(path)
 
     def close(self) -> None:
-        if self.figure is not None:
-            import matplotlib.pyplot as plt
-
-            plt.close(self.figure)
-            self.figure = None
+        self.figure = None  # not registered with pyplot: dropping it frees it
 
 
 def draw_plots(

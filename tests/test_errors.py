@@ -45,6 +45,12 @@ CASES = [
         "accepted: true",
     ),
     (
+        "segments_with_shared_scratch",
+        ["train", *ENV, "env.per_step_scratch=false", "memory.segment_steps=2"],
+        "memory.segment_steps: env 'cartpole' cannot run in segments",
+        "env.per_step_scratch=false",
+    ),
+    (
         "segments_with_two_states",
         ["train", *ENV, "+env.per_step_states=false", "memory.segment_steps=2"],
         "memory.segment_steps",

@@ -224,19 +224,19 @@ class TensorBoardLog(Callback):
 
 
 def iteration_series(step: Any) -> dict[str, np.ndarray]:
-    """Host copies of what the last iteration did, step by step: every per-step observable
-    of its rollout and every parameter laid out per step (an open-loop task's actions), at
-    the parameters the iteration started from (:func:`harness.render.per_step_series`).
+    """Host copies of what the last iteration's rollout did, step by step: every per-step
+    observable and every parameter laid out per step (:func:`harness.render.per_step_series`),
+    at the parameters the rollout ran with (``step.rollout_params``).
 
     An observable that is a view of the flat parameters (the cartpole's ``controls`` are the
     actions themselves) already holds the updated values after the iteration, so it is read
-    from the parameters the iteration started from too.
+    from those parameters too.
     """
     import warp as wp
 
     from harness.render import per_step_series
 
-    start = step.eval_before.numpy()
+    used = step.rollout_params.numpy()
     data = step.state.params.data
     observables: dict[str, Any] = {}
     for name, array in step.trajectory.items():
@@ -244,10 +244,10 @@ def iteration_series(step: Any) -> dict[str, np.ndarray]:
         if 0 <= offset < data.size and array.is_contiguous:
             inner = tuple(getattr(array.dtype, "_shape_", ()))
             count = array.size * int(np.prod(inner, dtype=int))
-            observables[name] = start[offset : offset + count].reshape(*array.shape, *inner)
+            observables[name] = used[offset : offset + count].reshape(*array.shape, *inner)
         else:
             observables[name] = array
-    return per_step_series(step.env.horizon, observables, step.state.params.split(start))
+    return per_step_series(step.env.horizon, observables, step.state.params.split(used))
 
 
 class RolloutPlotLog(Callback):
@@ -256,11 +256,13 @@ class RolloutPlotLog(Callback):
     a fresh run) and the current one solid.
 
     Drawn at the first log step, at the first log step at or after every multiple of
-    ``every`` iterations, and at the last iteration. The observables are those of the
-    iteration's rollout; the actions are the evaluated parameters that iteration started
-    from. The values are copied on the loop's thread; matplotlib draws on one worker thread
-    while the next iterations run (Warp's launches release the GIL). Envs without per-step
-    observables get no image.
+    ``every`` iterations, and at the last iteration, from the iteration's rollout and the
+    parameters it ran with (:func:`iteration_series`). The values are copied on the loop's
+    thread; matplotlib draws on one worker thread (a pyplot-free figure) while the next
+    iterations run (Warp's launches release the GIL); at most one image is in flight (the
+    loop waits for the previous one when the next is due), and a drawing error is reported
+    in one line, never raised. Envs
+    without per-step observables get no image.
 
     Args:
         tensorboard: The run's :class:`TensorBoardLog` (listed before this callback).
@@ -298,6 +300,8 @@ class RolloutPlotLog(Callback):
 
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-plot")
         env = loop.step.env
+        if self._pending:  # at most one image in flight: wait for the previous one (never drop one)
+            self._pending[-1].exception()
         self._pending.append(
             self._worker.submit(self._draw, done, self._first, current, float(env.dt), env.component_names())
         )
@@ -320,7 +324,11 @@ class RolloutPlotLog(Callback):
         if self._figure is not None:
             self._figure.close()
         for future in self._pending:
-            future.result()  # a drawing error surfaces here
+            error = future.exception()
+            if error is not None:  # an image is not worth failing a finished run for
+                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                print(f"warning: {self.TAG}: drawing failed: {type(error).__name__}: {first}", file=sys.stderr)
+        self._pending.clear()
         self.tensorboard.writer.flush()
 
 

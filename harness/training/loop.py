@@ -51,8 +51,8 @@ class TrainSettings:
             component allow it, else run eagerly and say why), True (capture or refuse),
             False (every iteration eagerly).
         plot_every: A TensorBoard image of the rollout against time (``rollout/plot``) at
-            the first log step after every multiple of this many iterations and at the end;
-            0: only at the end; None: never.
+            the first log step, at the first log step after every multiple of this many
+            iterations and at the end; 0: the first log step and the end only; None: never.
     """
 
     iterations: int = 100

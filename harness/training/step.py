@@ -292,6 +292,7 @@ class TrainStep:
         self.stats_update = FlatStats(params)
         self.grad_pre = wp.zeros_like(params.grad)
         self.eval_before = wp.zeros_like(params.data)
+        self.rollout_params = wp.zeros_like(params.data)  # the parameters the last rollout ran with (plots)
         self._train_point = wp.zeros_like(params.data)
         self.counter = wp.zeros(1, dtype=wp.int32, device=self.device)
 
@@ -373,6 +374,7 @@ class TrainStep:
     def iteration(self) -> None:
         """Issue every launch of one iteration (eagerly, or into a capture in progress)."""
         state, params = self.state, self.state.params
+        wp.copy(self.rollout_params, params.data)
         self.forward_backward()
         t0 = time.perf_counter()
         self.stats_pre.compute(params.grad)
