@@ -90,16 +90,8 @@ class CartpoleEnv(NewtonEnv):
     state_fields = ("joint_q", "joint_qd")
     segmentable = True  # its per-step arrays (forces, controls, scratch) are indexed by slot
 
-    def __init__(
-        self,
-        config: CartpoleConfig | None = None,
-        /,
-        *,
-        device: wp.context.Devicelike = None,
-        segment_steps: int | None = None,
-        **fields: Any,
-    ):
-        super().__init__(config, device=device, segment_steps=segment_steps, **fields)
+    def __init__(self, config: CartpoleConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
+        super().__init__(config, device=device, **fields)  # fields may carry segment_steps (Env)
         self.dt = self.config.dt
         rng = host_rng(self.config.seed)
         q0 = self.initial["joint_q"].numpy().reshape(self.world_count, DOFS_PER_WORLD)
@@ -147,9 +139,6 @@ class CartpoleEnv(NewtonEnv):
 
     def step_arrays(self) -> list[wp.array]:
         return [*(array for scratch in self.scratch for array in scratch.values()), self.joint_f]
-
-    def extra_arrays(self) -> list[wp.array]:
-        return self.step_arrays()
 
     def act(self, t: int, actions: wp.array) -> None:
         self._actions = actions

@@ -163,8 +163,11 @@ class SoftBodyEnv(NewtonEnv):
     def contacts_at(self, t: int) -> newton.Contacts:
         return self.contacts[self.slot(t) if self.config.per_step_contacts else 0]
 
-    def step_arrays(self) -> list[wp.array]:
-        return self.extra_arrays() if self.config.per_step_contacts else []
+    def _contact_arrays(self) -> list[wp.array]:
+        return [value for c in self.contacts for value in vars(c).values() if isinstance(value, wp.array)]
+
+    def step_arrays(self) -> list[wp.array]:  # one contact set per step (kept)
+        return self._contact_arrays() if self.config.per_step_contacts else []
 
     def step(self, t: int) -> None:
         # Collide inside the rollout, as the example does: the contact points follow the
@@ -172,8 +175,8 @@ class SoftBodyEnv(NewtonEnv):
         self.collision_pipeline.collide(self.state(t), self.contacts_at(t))
         super().step(t)
 
-    def extra_arrays(self) -> list[wp.array]:
-        return [value for c in self.contacts for value in vars(c).values() if isinstance(value, wp.array)]
+    def extra_arrays(self) -> list[wp.array]:  # one shared contact set
+        return [] if self.config.per_step_contacts else self._contact_arrays()
 
     def quantity_value(self, name: str) -> np.ndarray:
         if name != "materials":

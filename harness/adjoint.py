@@ -31,6 +31,8 @@ import time
 import numpy as np
 import warp as wp
 
+from harness.events import figure_rgb
+
 __all__ = ["AdjointClipper", "profile_histogram_values", "profile_image", "profile_summary"]
 
 
@@ -262,16 +264,13 @@ def profile_image(
     Returns:
         An RGB image, uint8 ``(height, width, 3)`` (height x width x channels).
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     profile = np.asarray(profile, dtype=np.float64)
     x = np.arange(profile.shape[0]) * (dt if dt else 1.0)
     fig = Figure(figsize=(6.4, 3.2), dpi=100)
-    canvas = FigureCanvasAgg(fig)
+    FigureCanvasAgg(fig)  # the figure draws on its own Agg canvas (no pyplot)
     ax = fig.add_subplot(1, 1, 1)
     with np.errstate(divide="ignore"):
         for w in range(profile.shape[1]):
@@ -285,9 +284,7 @@ def profile_image(
     if profile.shape[1] <= 8 or max_norm is not None:
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    canvas.draw()
-    image = np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
-    return image
+    return figure_rgb(fig)
 
 
 def profile_histogram_values(profile: np.ndarray) -> dict[str, np.ndarray]:

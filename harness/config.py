@@ -91,6 +91,7 @@ class Run:
     schedule: Any
     settings: Any
     task: Any = None
+    segment_steps: int | None = None  # memory.segment_steps resolved for the env (the env is built with it)
 
     def trainer(self, settings: Any = None) -> Any:
         """The :class:`~harness.training.Trainer` of this run (optionally with other loop settings)."""
@@ -238,7 +239,7 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
     )
     check_group_types(cfg, choices)
     env_class, env_fields = check_env_fields(cfg)
-    segment_steps(cfg, env_class, env_fields)
+    steps = segment_steps(cfg, env_class, env_fields)
     if settings.capture is True and not getattr(env_class, "capturable", True):
         note = getattr(env_class, "capture_note", "") or "it declares capturable = False"
         raise ConfigError(
@@ -259,10 +260,11 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
         schedule=_instantiate(cfg, "schedule") if cfg.get("schedule") is not None else None,
         settings=settings,
         task=task,
+        segment_steps=steps,
     )
 
 
-_PREBUILT: dict[tuple[str, str | None, Any], Any] = {}
+_PREBUILT: dict[tuple[str, str | None, int | None], Any] = {}
 """The env the command line's early check built (:func:`precheck`), by (resolved env
 config, device, ``memory.segment_steps``), handed once to the run's :func:`build_run`."""
 
@@ -290,14 +292,14 @@ def segment_steps(cfg: DictConfig, env_class: Any, env_config: Any) -> int | Non
     return steps
 
 
-def build_env(cfg: DictConfig, device: str | None) -> Any:
-    """Build the env of ``cfg`` (this compiles its kernels), with ``memory.segment_steps``.
+def build_env(cfg: DictConfig, device: str | None, steps: int | None = None) -> Any:
+    """Build the env of ``cfg`` (this compiles its kernels), in segments of ``steps`` steps
+    when given (``Run.segment_steps``, from :func:`validate`).
 
     Raises:
         ConfigError: One line when the env's own code raises while building.
     """
     env_class, env_config = check_env_fields(cfg)
-    steps = segment_steps(cfg, env_class, env_config)
     try:
         return env_class(env_config, device=device, **({"segment_steps": steps} if steps is not None else {}))
     except Exception as exc:
@@ -307,15 +309,15 @@ def build_env(cfg: DictConfig, device: str | None) -> Any:
         ) from None
 
 
-def _env_key(cfg: DictConfig, device: str | None) -> tuple[str, str | None, Any]:
-    return OmegaConf.to_yaml(cfg.env, resolve=True), device, (cfg.get("memory") or {}).get("segment_steps")
+def _env_key(cfg: DictConfig, run: Run) -> tuple[str, str | None, int | None]:
+    return OmegaConf.to_yaml(cfg.env, resolve=True), run.settings.device, run.segment_steps
 
 
 def build_run(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
     """Validate the whole config, then build the env (this compiles its kernels), or take
     the one :func:`precheck` built for this very env config and device."""
     run = validate(cfg, choices)
-    run.env = _PREBUILT.pop(_env_key(cfg, run.settings.device), None) or build_env(cfg, run.settings.device)
+    run.env = _PREBUILT.pop(_env_key(cfg, run), None) or build_env(cfg, run.settings.device, run.segment_steps)
     return run
 
 
@@ -440,7 +442,7 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
         cfg, choices = compose_config(config_name, shared)
     except HydraException as exc:
         raise ConfigError(_explain_override(config_name, shared, exc)) from None
-    validate(cfg, choices)
+    run = validate(cfg, choices)
     given = {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
     field = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     default_root = "multirun" if multirun else "outputs"
@@ -453,9 +455,9 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
             )
         return None
     folder = None if resume is None else _check_checkpoint(str(resume), given.get("hydra.run.dir"), cfg, choices)
-    device = check_device(cfg.get("device"))
     _PREBUILT.clear()
-    _PREBUILT[_env_key(cfg, device)] = build_env(cfg, device)  # a failure while building writes nothing
+    # a failure while building writes nothing
+    _PREBUILT[_env_key(cfg, run)] = build_env(cfg, run.settings.device, run.segment_steps)
     return folder
 
 

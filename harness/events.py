@@ -15,6 +15,7 @@ import io
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from google.protobuf import struct_pb2
@@ -23,7 +24,14 @@ from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-__all__ = ["EventWriter", "png_bytes"]
+__all__ = ["EventWriter", "figure_rgb", "png_bytes"]
+
+
+def figure_rgb(figure: Any) -> np.ndarray:
+    """Draw a matplotlib figure (on its Agg canvas) and return it as an RGB uint8 array
+    ``(height, width, 3)``, the form :meth:`EventWriter.image` and the video writer take."""
+    figure.canvas.draw()
+    return np.asarray(figure.canvas.buffer_rgba())[..., :3].copy()
 
 
 def png_bytes(image: np.ndarray) -> bytes:

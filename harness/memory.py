@@ -75,7 +75,7 @@ def resolve_segment_steps(value: Any, horizon: int) -> int | None:
 
 
 def segmented_forward_backward(
-    env: Env, task: Task, loss: Any, params: ParamSet, *, adjoint: Any = None, keep_tapes: bool = False
+    env: Env, task: Task, loss: Any, params: ParamSet, *, adjoint: Any = None
 ) -> tuple[list[Any], Trajectory, wp.array]:
     """One forward + backward in segments (module docstring); gradients zeroed by the caller.
 
@@ -85,26 +85,24 @@ def segmented_forward_backward(
         loss: The bound loss.
         params: The parameters (their gradient is accumulated).
         adjoint: The in-backward adjoint clipper, if any (its hooks go into every segment's tape).
-        keep_tapes: Keep what every segment's tape references for its backward (its
-            ``gradients``: the adjoint arrays and the adjoint structs it made), for a graph
-            being captured; the launch records themselves are dropped after each backward
-            either way, so a segment's tape never outlives the next segment.
 
     Returns:
-        What was kept (empty unless ``keep_tapes``), the trajectory and the loss total.
+        What every tape's backward referenced (its ``gradients``: the adjoint arrays and
+        adjoint structs it made; a graph being captured replays launches that use them;
+        the launch records themselves are dropped after each segment's backward), the
+        trajectory and the loss total.
     """
     trajectory = rollout(env, task, params)
     loss_tape = wp.Tape()
     with loss_tape:
         total = loss(trajectory)
     loss_tape.backward(total)
-    kept = [loss_tape.gradients] if keep_tapes else []
+    kept = [loss_tape.gradients]
     if adjoint is not None:
         adjoint.reset()
     bounds = segment_bounds(env.horizon, env.segment_steps)
     for j in reversed(range(len(bounds))):
         start, end = bounds[j]
-        env.zero_segment_grad()
         env.begin_segment(start, restore=start > 0)  # outside the tape: nothing flows into a saved state
         if start == 0:
             env.stash_accumulated_grad()
@@ -119,6 +117,6 @@ def segmented_forward_backward(
         tape.backward()
         if j > 0:
             env.save_adjoint(start)
-        if keep_tapes:
-            kept.append(tape.gradients)
+            env.zero_segment_grad()  # the previous segment reuses these States (the caller zeroed them for the last)
+        kept.append(tape.gradients)
     return kept, trajectory, total

@@ -9,7 +9,7 @@ new env writes only its scene, its solver, its observables and its quantities:
 - ``reset`` copies the initial state (``self.initial``, per state field) into state 0;
 - ``step`` clears forces and calls ``solver.step`` with the step's control and contacts;
 - ``zero_grad`` zeroes the gradient of every array of the model, the solver and every
-  State, and of what :meth:`NewtonEnv.extra_arrays` adds;
+  State, and of what :meth:`NewtonEnv.extra_arrays` and :meth:`NewtonEnv.step_arrays` add;
 - observables requested with ``steps: last`` only are recorded once (one row);
 - segments (``memory.segment_steps``, :mod:`harness.memory`): the States of one segment
   only, every array of the State (its attribute namespaces included, as ``State.assign``
@@ -89,16 +89,8 @@ class NewtonEnv(Env):
     initial_quantities: ClassVar[dict[str, str]] = {}
     segment_note: ClassVar[str] = "its per-step arrays are not indexed by segment slot (NewtonEnv.slot)"
 
-    def __init__(
-        self,
-        config: EnvConfig | None = None,
-        /,
-        *,
-        device: wp.context.Devicelike = None,
-        segment_steps: int | None = None,
-        **fields: Any,
-    ):
-        super().__init__(config, device=device, segment_steps=segment_steps, **fields)
+    def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
+        super().__init__(config, device=device, **fields)  # fields may carry segment_steps (Env)
         self.model = self.build_model()
         self.solver = self.build_solver()
         count = self.steps_kept + 1 if self.config.per_step_states else 2
@@ -149,7 +141,7 @@ class NewtonEnv(Env):
         """The State holding the simulation after ``t`` steps."""
         if not self.config.per_step_states:
             return self.states[t % 2]
-        k = t - self._base
+        k = self.slot(t)
         if not 0 <= k < len(self.states):
             raise IndexError(
                 f"state {t} is outside the current segment (steps {self._base} .. {self._base + len(self.states) - 1})"
@@ -162,6 +154,11 @@ class NewtonEnv(Env):
         return []
 
     # -- segments ---------------------------------------------------------------------------
+
+    # The walks below run at call time: a solver may put new arrays on a State it steps.
+
+    def _all_state_arrays(self) -> list[wp.array]:
+        return [array for state in self.states for array in _state_arrays(state).values()]
 
     def begin_segment(self, start: int, *, restore: bool) -> None:
         self._base = start
@@ -176,13 +173,7 @@ class NewtonEnv(Env):
             wp.copy(array, state[name])
 
     def zero_segment_grad(self) -> None:
-        for state in self.states:
-            for array in _state_arrays(state).values():
-                if array.grad is not None:
-                    array.grad.zero_()
-        for array in self.step_arrays():
-            if array.grad is not None:
-                array.grad.zero_()
+        _zero_grads(*self._all_state_arrays(), *self.step_arrays())
 
     def save_adjoint(self, t: int) -> None:
         state = _state_arrays(self.state(t))
@@ -216,7 +207,8 @@ class NewtonEnv(Env):
         return None
 
     def extra_arrays(self) -> list[wp.array]:
-        """Further arrays of the env whose gradients ``zero_grad`` must zero (per-step scratch, inputs)."""
+        """Further arrays of the env whose gradients ``zero_grad`` must zero and that are not
+        per step (a contact set every step reads, inputs); per-step ones are :meth:`step_arrays`."""
         return []
 
     # -- Env ------------------------------------------------------------------------------
@@ -288,13 +280,19 @@ class NewtonEnv(Env):
     def zero_grad(self) -> None:
         for grad in array_grads(self.model, self.solver, self.control):
             grad.zero_()
-        for state in self.states:
-            for array in _state_arrays(state).values():
-                if array.grad is not None:
-                    array.grad.zero_()
-        for array in (*self.initial.values(), *self.observed.values(), *self.extra_arrays()):
-            if array.grad is not None:
-                array.grad.zero_()
+        _zero_grads(
+            *self._all_state_arrays(),
+            *self.initial.values(),
+            *self.observed.values(),
+            *self.extra_arrays(),
+            *self.step_arrays(),
+        )
+
+
+def _zero_grads(*arrays: wp.array) -> None:
+    for array in arrays:
+        if array.grad is not None:
+            array.grad.zero_()
 
 
 def _state_arrays(state: Any) -> dict[str, wp.array]:

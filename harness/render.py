@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.events import figure_rgb
+
 
 class RenderError(ValueError):
     """Bad input to ``render``: one line naming the argument and what is accepted."""
@@ -250,9 +252,7 @@ def draw_video(scene: Scene, runs: list[Frames], titles: list[str], dt: float, p
                             ax.plot([px[i], px[j]], [py[i], py[j]], color="0.5", linewidth=0.8)
                     ax.scatter(px, py, s=max(2.0, 60.0 / np.sqrt(len(px))), color="tab:red", zorder=3)
             fig.tight_layout()
-            fig.canvas.draw()
-            image = np.asarray(fig.canvas.buffer_rgba())[..., :3]
-            writer.append_data(image)
+            writer.append_data(figure_rgb(fig))
     plt.close(fig)
     return count
 
@@ -287,7 +287,8 @@ class SeriesFigure:
         dpi: Resolution (the figure is 5 x 3.2 inches per panel, three panels a row).
     """
 
-    STYLES = (("--", "reference"), ("-", "current"))
+    STYLES = ("--", "-")
+    """Line styles of the reference run and the current one."""
 
     def __init__(
         self,
@@ -320,7 +321,7 @@ class SeriesFigure:
         for ax, (name, d) in zip(self.axes, self.panels, strict=False):
             time = np.arange(1, series[name].shape[0] + 1) * dt
             styles = []
-            for style, _ in self.STYLES:
+            for style in self.STYLES:
                 styles.append(
                     [
                         ax.plot(time, np.full_like(time, np.nan), style, color=f"C{w % 10}", lw=1.2)[0]
@@ -360,38 +361,30 @@ class SeriesFigure:
 
     def image(self) -> np.ndarray:
         """The figure as an RGB uint8 array ``(height, width, 3)``."""
-        self.figure.canvas.draw()
-        return np.asarray(self.figure.canvas.buffer_rgba())[..., :3].copy()
-
-    def save(self, path: Path) -> None:
-        self.figure.savefig(path)
-
-    def close(self) -> None:
-        self.figure = None  # not registered with pyplot: dropping it frees it
+        return figure_rgb(self.figure)
 
 
 def draw_plots(
-    series: dict[str, list[tuple[str, np.ndarray]]], dt: float, path: Path, names: dict[str, list[str]] | None = None
+    before: dict[str, np.ndarray],
+    after: dict[str, np.ndarray],
+    dt: float,
+    path: Path,
+    names: dict[str, list[str]] | None = None,
 ) -> list[str]:
     """One panel per observable component: before (dashed) and after training (solid) against time.
 
     Args:
-        series: By observable name, ``[("before", (steps, worlds, dim)), ("after", ...)]``.
+        before, after: By series name, ``(steps, worlds, dim)`` (:func:`per_step_series`).
         names: Optional names of an observable's components (the env's ``component_names``).
 
     Returns:
         The panel titles, in order (none, and no file, without per-step series).
     """
-    before = {name: runs[0][1] for name, runs in series.items()}
-    after = {name: runs[1][1] for name, runs in series.items()}
     figure = SeriesFigure(after, dt, names)
     if figure.figure is None:
         return []
-    try:
-        figure.draw(before, after, ("before training", "after training"))
-        figure.save(path)
-    finally:
-        figure.close()
+    figure.draw(before, after, ("before training", "after training"))
+    figure.figure.savefig(path)
     return figure.titles
 
 
@@ -490,10 +483,8 @@ def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 12
     if isinstance(targets, wp.array) and targets.dtype == wp.vec3:
         scene.targets = targets.numpy().reshape(-1, 3)
     count = draw_video(scene, [before, after], titles, dt, video, fps=fps)
-    series = {name: [("before", before_values[name]), ("after", after_values[name])] for name in after_values}
     plot = out / "rollout.png"
-    names = env.component_names()
-    panels = draw_plots(series, dt, plot, names)
+    panels = draw_plots(before_values, after_values, dt, plot, env.component_names())
     write_recording(env.model, before, dt, out / "before.json")
     write_recording(env.model, after, dt, out / "after.json")
     return {

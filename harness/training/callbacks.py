@@ -180,6 +180,7 @@ class TensorBoardLog(Callback):
 
     def __init__(self) -> None:
         self.writer: EventWriter | None = None
+        self._best: float | None = None  # the running loss/best (from the tally once, after a resume)
 
     def on_start(self, loop: Loop) -> None:
         # A resumed run hides whatever an earlier process wrote after its checkpoint.
@@ -189,8 +190,10 @@ class TensorBoardLog(Callback):
         columns, tally = loop.step.columns, loop.tally
         clipped = rows[:, columns.index("optim/clipped")]
         clipped_before = tally.clipped_steps - int(clipped.sum())  # the tally already counts these rows
-        earlier = np.asarray(tally.losses[:first], dtype=np.float64)
-        best = float(np.nanmin(earlier)) if np.isfinite(earlier).any() else float("nan")
+        if self._best is None:
+            earlier = np.asarray(tally.losses[:first], dtype=np.float64)
+            self._best = float(np.nanmin(earlier)) if np.isfinite(earlier).any() else float("nan")
+        best = self._best
         for r, values in enumerate(rows):
             scalars = dict(zip(columns, (float(v) for v in values), strict=True))
             loss = scalars["loss/total"]
@@ -199,6 +202,7 @@ class TensorBoardLog(Callback):
             scalars["loss/best"] = best
             scalars["optim/clipped_fraction"] = clipped_before / (first + r + 1)
             self.writer.scalars(first + r + 1, scalars)
+        self._best = best
 
     def on_scalars(self, loop: Loop, iteration: int, values: dict[str, float]) -> None:
         self.writer.scalars(iteration + 1, values)
@@ -261,8 +265,7 @@ class RolloutPlotLog(Callback):
     thread; matplotlib draws on one worker thread (a pyplot-free figure) while the next
     iterations run (Warp's launches release the GIL); at most one image is in flight (the
     loop waits for the previous one when the next is due), and a drawing error is reported
-    in one line, never raised. Envs
-    without per-step observables get no image.
+    in one line, never raised. Envs without per-step observables get no image.
 
     Args:
         tensorboard: The run's :class:`TensorBoardLog` (listed before this callback).
@@ -278,7 +281,7 @@ class RolloutPlotLog(Callback):
         self._figure: Any = None
         self._drawn = -1  # multiples of `every` already drawn
         self._worker: Any = None
-        self._pending: list[Any] = []
+        self._pending: Any = None  # the image being drawn (a Future)
 
     def on_iteration(self, loop: Loop, iteration: int) -> None:
         if self._first is None:
@@ -300,11 +303,20 @@ class RolloutPlotLog(Callback):
 
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-plot")
         env = loop.step.env
-        if self._pending:  # at most one image in flight: wait for the previous one (never drop one)
-            self._pending[-1].exception()
-        self._pending.append(
-            self._worker.submit(self._draw, done, self._first, current, float(env.dt), env.component_names())
+        self._settle()  # at most one image in flight: wait for the previous one (never drop one)
+        self._pending = self._worker.submit(
+            self._draw, done, self._first, current, float(env.dt), env.component_names()
         )
+
+    def _settle(self) -> None:
+        """Wait for the image in flight; a drawing error is one warning line, never raised
+        (an image is not worth failing a run for)."""
+        if self._pending is None:
+            return
+        error, self._pending = self._pending.exception(), None
+        if error is not None:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            print(f"warning: {self.TAG}: drawing failed: {type(error).__name__}: {first}", file=sys.stderr)
 
     def _draw(self, done: int, first: tuple[int, dict[str, np.ndarray]], current: dict[str, np.ndarray], dt, names):
         from harness.render import SeriesFigure
@@ -319,16 +331,9 @@ class RolloutPlotLog(Callback):
     def close(self, loop: Loop) -> None:
         if self._worker is None:
             return
+        self._settle()
         self._worker.shutdown(wait=True)
         self._worker = None
-        if self._figure is not None:
-            self._figure.close()
-        for future in self._pending:
-            error = future.exception()
-            if error is not None:  # an image is not worth failing a finished run for
-                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                print(f"warning: {self.TAG}: drawing failed: {type(error).__name__}: {first}", file=sys.stderr)
-        self._pending.clear()
         self.tensorboard.writer.flush()
 
 

@@ -291,9 +291,15 @@ class TrainStep:
         self.stats_param = FlatStats(params)
         self.stats_update = FlatStats(params)
         self.grad_pre = wp.zeros_like(params.grad)
-        self.eval_before = wp.zeros_like(params.data)
-        self.rollout_params = wp.zeros_like(params.data)  # the parameters the last rollout ran with (plots)
-        self._train_point = wp.zeros_like(params.data)
+        # Values only: a copy into a buffer that has a gradient would copy params.grad along.
+        self.eval_before = wp.zeros_like(params.data, requires_grad=False)
+        self._train_point = wp.zeros_like(params.data, requires_grad=False)
+        # The parameters the last rollout ran with (plots): eval_before holds them already
+        # unless the optimizer evaluates elsewhere (ScheduleFree's x).
+        self._rollout_copy = optimizer.eval_params(params, state.optim) is not params.data
+        self.rollout_params = (
+            wp.zeros_like(params.data, requires_grad=False) if self._rollout_copy else self.eval_before
+        )
         self.counter = wp.zeros(1, dtype=wp.int32, device=self.device)
 
         sources: list[tuple[str, wp.array, int]] = [(tag, get(self), 0) for tag, get in FIXED_COLUMNS.items()]
@@ -340,29 +346,21 @@ class TrainStep:
         ``env.segment_steps`` set, in segments (:func:`harness.memory.segmented_forward_backward`,
         whose time counts as ``backward``: it re-runs the forward pass segment by segment)."""
         t0 = time.perf_counter()
+        adjoint_before = self.adjoint.elapsed_s if self.adjoint is not None else 0.0
+        # A graph replays launches that reference what the tape holds: keep it (or, with
+        # segments, what each segment's tape held) until the next iteration.
         if self.env.segment_steps is not None:
-            adjoint_before = self.adjoint.elapsed_s if self.adjoint is not None else 0.0
             zero_grads(self.env, self.loss, self.state.params)
             self._tape, self.trajectory, _ = segmented_forward_backward(
-                self.env,
-                self.task,
-                self.loss,
-                self.state.params,
-                adjoint=self.adjoint,
-                keep_tapes=not self._timed,  # untimed = being captured: keep what the graph references
+                self.env, self.task, self.loss, self.state.params, adjoint=self.adjoint
             )
-            if self._timed:
-                adjoint_s = (self.adjoint.elapsed_s if self.adjoint is not None else 0.0) - adjoint_before
-                self.timing["backward"] += time.perf_counter() - t0 - adjoint_s
-                self.timing["adjoint_clip"] += adjoint_s
-            return self.trajectory
-        # The graph replays launches that reference the tape's arrays: keep the tape.
-        self._tape, self.trajectory, total = record_rollout(
-            self.env, self.task, self.loss, self.state.params, adjoint=self.adjoint
-        )
-        t1 = time.perf_counter()
-        adjoint_before = self.adjoint.elapsed_s if self.adjoint is not None else 0.0
-        self._tape.backward(total)
+            t1 = t0
+        else:
+            self._tape, self.trajectory, total = record_rollout(
+                self.env, self.task, self.loss, self.state.params, adjoint=self.adjoint
+            )
+            t1 = time.perf_counter()
+            self._tape.backward(total)
         t2 = time.perf_counter()
         if self._timed:
             adjoint_s = (self.adjoint.elapsed_s if self.adjoint is not None else 0.0) - adjoint_before
@@ -374,7 +372,8 @@ class TrainStep:
     def iteration(self) -> None:
         """Issue every launch of one iteration (eagerly, or into a capture in progress)."""
         state, params = self.state, self.state.params
-        wp.copy(self.rollout_params, params.data)
+        if self._rollout_copy:
+            wp.copy(self.rollout_params, params.data)
         self.forward_backward()
         t0 = time.perf_counter()
         self.stats_pre.compute(params.grad)
