@@ -25,7 +25,7 @@ import newton.examples
 import numpy as np
 import warp as wp
 
-from harness.env import Trajectory, host_rng
+from harness.env import Quantity, Trajectory, host_rng
 from harness.newton_env import NewtonEnv, NewtonEnvConfig
 from harness.schema import field
 
@@ -34,6 +34,16 @@ FEATHERSTONE_SCRATCH = ("M", "J", "P", "H", "L")
 
 CART_DOF = 0
 """Index of the cart's prismatic joint among a world's degrees of freedom."""
+
+DRAW_SEED_OFFSET = 7919
+"""Added to the env's seed for the device draws of ``draw_initial`` (another stream than the
+host draw of the fixed initial tilts)."""
+
+POLES = 2
+"""Poles per world (the double pendulum), bodies ``pole1`` and ``pole2`` of cartpole.urdf."""
+
+MIN_POLE_MASS = 1.0e-3
+"""Smallest pole mass a fit may reach [kg]: a body keeps a positive mass and inertia."""
 
 DOFS_PER_WORLD = 3
 """Degrees of freedom of one world of cartpole.urdf: the cart's slider and the two pole hinges."""
@@ -51,12 +61,37 @@ class CartpoleConfig(NewtonEnvConfig):
         True, doc="per-step copies of Featherstone's M, J, P, H, L (false reproduces the wrong gradients)"
     )
     angular_damping: float = field(0.05, minimum=0.0, doc="Featherstone's angular damping factor")
+    pole_masses: tuple[float, ...] | None = field(
+        None,
+        length=2,
+        minimum=0.0,
+        strict=True,
+        doc="masses of pole 1 and pole 2 [kg] in every world (null: the URDF's)",
+    )
 
     def observable_dims(self) -> dict[str, int]:
         return {"joint_q": DOFS_PER_WORLD, "joint_qd": DOFS_PER_WORLD, "controls": 1}
 
     def action_dim(self) -> int:
         return 1
+
+    def observation_dim(self) -> int:
+        return 2 * DOFS_PER_WORLD
+
+    def quantities(self) -> dict[str, Quantity]:
+        return {
+            "pole_masses": Quantity(
+                (self.world_count, POLES),
+                lower=MIN_POLE_MASS,
+                unit="kg",
+                doc="mass of pole 1 and pole 2 in every world (inertia scaled with it: the same shape)",
+                fd_step=1.0e-3,
+                per_world=True,
+            )
+        }
+
+    def default_quantities(self, kind: str) -> list[str]:
+        return ["pole_masses"] if kind == "physical" else []
 
 
 @wp.kernel
@@ -80,6 +115,73 @@ def _record_dofs(
 ):
     world, dof = wp.tid()
     out[row, world, dof] = source[world * dofs_per_world + dof]
+
+
+@wp.kernel
+def _observe(
+    joint_q: wp.array(dtype=wp.float32),
+    joint_qd: wp.array(dtype=wp.float32),
+    dofs_per_world: int,
+    out: wp.array2d(dtype=wp.float32),
+):
+    world, k = wp.tid()
+    if k < dofs_per_world:
+        out[world, k] = joint_q[world * dofs_per_world + k]
+    else:
+        out[world, k] = joint_qd[world * dofs_per_world + k - dofs_per_world]
+
+
+@wp.kernel
+def _draw_tilts(
+    seed: int,
+    key: wp.array(dtype=wp.int32),
+    tilt: float,
+    dofs_per_world: int,
+    cart_dof: int,
+    joint_q: wp.array(dtype=wp.float32),
+    joint_qd: wp.array(dtype=wp.float32),
+):
+    world = wp.tid()
+    stream = wp.rand_init(seed, key[0])  # one stream per key, then one per world in it
+    rng = wp.rand_init(wp.int32(stream), world)
+    for k in range(dofs_per_world):
+        value = 0.0
+        if k != cart_dof:
+            value = wp.randf(rng, -tilt, tilt)
+        joint_q[world * dofs_per_world + k] = value
+        joint_qd[world * dofs_per_world + k] = 0.0
+
+
+@wp.kernel
+def _set_pole_masses(
+    masses: wp.array2d(dtype=wp.float32),
+    pole_body: wp.array2d(dtype=wp.int32),
+    built_mass: wp.array(dtype=wp.float32),
+    built_inertia: wp.array(dtype=wp.mat33),
+    body_mass: wp.array(dtype=wp.float32),
+    body_inertia: wp.array(dtype=wp.mat33),
+    body_inv_mass: wp.array(dtype=wp.float32),
+    body_inv_inertia: wp.array(dtype=wp.mat33),
+):
+    world, k = wp.tid()
+    body = pole_body[world, k]
+    m = masses[world, k]
+    inertia = built_inertia[body] * (m / built_mass[body])  # the same shape: inertia scales with mass
+    body_mass[body] = m
+    body_inertia[body] = inertia
+    body_inv_mass[body] = 1.0 / m
+    body_inv_inertia[body] = wp.inverse(inertia)
+
+
+UPRIGHT_ANGLE = 0.2
+"""|pole angle| [rad] within which a pole counts as upright (``upright_fraction``)."""
+
+
+def upright_fraction(joint_q: np.ndarray) -> float:
+    """The fraction of worlds whose two pole angles stay within +-UPRIGHT_ANGLE over the
+    last quarter of the rollout; ``joint_q`` is ``(steps, world_count, 3)``."""
+    tail = joint_q[-max(1, joint_q.shape[0] // 4) :, :, 1:]
+    return float(np.mean(np.all(np.abs(tail) <= UPRIGHT_ANGLE, axis=(0, 2))))
 
 
 class CartpoleEnv(NewtonEnv):
@@ -116,6 +218,23 @@ class CartpoleEnv(NewtonEnv):
         ]
         self._actions: wp.array | None = None
 
+        labels = list(self.model.body_label)
+        # every world repeats the URDF's labels: the k-th body named pole1 is world k's
+        pole_body = np.array(
+            [[i for i, label in enumerate(labels) if label.endswith(f"pole{k + 1}")] for k in range(POLES)]
+        ).T
+        if pole_body.shape != (self.world_count, POLES):
+            raise RuntimeError(f"cartpole.urdf: expected bodies pole1 and pole2 in each of {self.world_count} worlds")
+        self._pole_body = wp.array(pole_body.astype(np.int32), dtype=wp.int32, device=self.device)
+        self._built_mass = wp.clone(self.model.body_mass, requires_grad=False)
+        self._built_inertia = wp.clone(self.model.body_inertia, requires_grad=False)
+        urdf = self._built_mass.numpy()[pole_body]
+        self._start_masses = (
+            urdf if self.config.pole_masses is None else np.tile(self.config.pole_masses, (self.world_count, 1))
+        )
+        if self.config.pole_masses is not None:  # the model as configured (outside any tape)
+            self.set_quantity("pole_masses", wp.array(self._start_masses.astype(np.float32), device=self.device))
+
     @classmethod
     def segment_blocker(cls, config: CartpoleConfig) -> str | None:
         if not config.per_step_scratch:
@@ -133,6 +252,47 @@ class CartpoleEnv(NewtonEnv):
 
     def build_solver(self) -> newton.solvers.SolverFeatherstone:
         return newton.solvers.SolverFeatherstone(self.model, angular_damping=self.config.angular_damping)
+
+    def quantity_value(self, name: str) -> np.ndarray:
+        if name != "pole_masses":
+            return super().quantity_value(name)
+        return self._start_masses.astype(np.float32).copy()
+
+    def set_quantity(self, name: str, value: wp.array) -> None:
+        if name != "pole_masses":
+            super().set_quantity(name, value)
+            return
+        model = self.model
+        wp.launch(
+            _set_pole_masses,
+            dim=(self.world_count, POLES),
+            inputs=[value, self._pole_body, self._built_mass, self._built_inertia],
+            outputs=[model.body_mass, model.body_inertia, model.body_inv_mass, model.body_inv_inertia],
+            device=self.device,
+        )
+        # Featherstone reads mass and inertia through its spatial inertia, derived when the
+        # solver is built: derive it again (two recorded launches, so the gradient reaches value).
+        self.solver.notify_model_changed(newton.ModelFlags.BODY_INERTIAL_PROPERTIES)
+
+    def observe(self, t: int, out: wp.array) -> None:
+        state = self.state(t)
+        wp.launch(
+            _observe,
+            dim=(self.world_count, 2 * DOFS_PER_WORLD),
+            inputs=[state.joint_q, state.joint_qd, DOFS_PER_WORLD],
+            outputs=[out],
+            device=self.device,
+        )
+
+    def draw_initial(self, key: wp.array) -> None:
+        self.keep_built_initial()
+        wp.launch(
+            _draw_tilts,
+            dim=self.world_count,
+            inputs=[DRAW_SEED_OFFSET + self.config.seed, key, self.config.tilt, DOFS_PER_WORLD, CART_DOF],
+            outputs=[self.initial["joint_q"], self.initial["joint_qd"]],
+            device=self.device,
+        )
 
     def control_at(self, t: int) -> newton.Control:
         return self.controls[self.slot(t)]
@@ -175,7 +335,9 @@ class CartpoleEnv(NewtonEnv):
 
     def trajectory(self) -> Trajectory:
         found = dict(self.observed)
-        if "controls" in self._wanted and self._actions is not None:  # the applied forces, no copy
+        if "controls" in self._wanted:  # the applied forces, no copy
+            if self._actions is None:  # a task that applies none (task=physical): zero force
+                self._actions = wp.zeros((self.horizon, self.world_count, 1), dtype=wp.float32, device=self.device)
             mode = self._wanted["controls"]
             found["controls"] = self._actions if mode == "all" else self._actions[self.horizon - 1 : self.horizon]
         return found
@@ -199,4 +361,5 @@ class CartpoleEnv(NewtonEnv):
             "final_pole_angles_rad": np.round(final[:, 1:], 4).tolist(),
             "final_cart_position_m": np.round(final[:, CART_DOF], 4).tolist(),
             "max_abs_pole_angle_rad": float(np.abs(q[:, :, 1:]).max()),
+            "upright_fraction": upright_fraction(q),
         }

@@ -7,6 +7,8 @@ Commands:
     train       train with ``configs/train.yaml`` (``+env=NAME`` picks the simulation)
     gradcheck   compare tape gradients with central finite differences
     report      summarise a multirun sweep folder (table, CSV, PNG)
+    evaluate    roll a run's checkpoint out again (other seed, worlds, horizon): eval.json
+    record      write a trajectory (an excitation and the observables) for task=sysid
 
 Hydra lives only here and in :mod:`harness.config`; the commands below turn the composed
 config into typed objects and call plain functions.
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
@@ -41,6 +44,8 @@ commands:
   gradcheck   tape vs finite diff:      python -m harness gradcheck +env=cartpole env.horizon=120
   report      summarise a sweep:        python -m harness report multirun/<sweep>
   render      video and plots of a run: python -m harness render outputs/cartpole/<time>
+  evaluate    a checkpoint elsewhere:   python -m harness evaluate outputs/cartpole/<time> env.seed=7 env.world_count=64
+  record      a trajectory for sysid:   python -m harness record +env=cartpole env.pole_masses=[0.3,0.2] out=traj.npz
 
 Overrides are Hydra's: optim.lr=0.05 clip.max_norm=1 iterations=50 device=cpu seed=3;
 -m sweeps, e.g. -m clip.max_norm=0.1,1,10.
@@ -65,6 +70,7 @@ def train_command(cfg: DictConfig) -> float:
     """
     init_warp()  # also in launcher worker processes, which call this function directly
     hydra_cfg = HydraConfig.get()
+    config.apply_task_env_defaults(cfg, hydra_cfg.runtime.choices, list(hydra_cfg.overrides.task))
     run_dir = _run_dir()
     # A single run's folder that Hydra has just made (nothing but .hydra/ in it): removed
     # again when Ctrl-C comes before training starts, so no empty run is left behind.
@@ -179,8 +185,10 @@ def run_dir_override(folder: str | Path) -> str:
 def gradcheck_command(cfg: DictConfig) -> None:
     """Print the gradient comparison; exit 1 when the worst error exceeds the tolerance."""
     init_warp()
+    hydra_cfg = HydraConfig.get()
+    config.apply_task_env_defaults(cfg, hydra_cfg.runtime.choices, list(hydra_cfg.overrides.task))
     try:
-        run = config.build_run(cfg, HydraConfig.get().runtime.choices)
+        run = config.build_run(cfg, hydra_cfg.runtime.choices)
     except config.ConfigError as exc:
         _fail(exc)
     from harness.gradcheck import check_gradients
@@ -284,7 +292,61 @@ def render_command() -> None:
     print(f"Newton ViewerFile recordings: {', '.join(written['recordings'])}")
 
 
-COMMANDS = {"train": train_command, "gradcheck": gradcheck_command, "report": report_command, "render": render_command}
+def record_command() -> None:
+    """``record +env=NAME [overrides] [out=PATH] [amplitude=N] [noise=STD]``: a trajectory file for ``task=sysid``."""
+    from harness.trajectory import ReferenceError, record
+
+    options, overrides = {}, []
+    for arg in sys.argv[1:]:
+        key, eq, value = arg.partition("=")
+        (options.__setitem__(key, value) if eq and key in ("out", "amplitude", "noise") else overrides.append(arg))
+    numbers = {}
+    for key, default, least in (("amplitude", 10.0, 0.0), ("noise", 0.0, 0.0)):
+        try:
+            numbers[key] = float(options.get(key, default))
+        except ValueError:
+            numbers[key] = float("nan")
+        if not numbers[key] >= least or numbers[key] == float("inf"):
+            _fail(ValueError(f"record: {key} must be a finite number >= {least:g}, got {options[key]}"))
+    if not any(o.lstrip("+").startswith("env=") for o in overrides):
+        _fail(ValueError("record: choose the env, e.g. python -m harness record +env=cartpole out=traj.npz"))
+    init_warp()
+    try:
+        written = record(overrides, Path(options.get("out", "trajectory.npz")), **numbers)
+    except ReferenceError as exc:
+        _fail(exc)
+    quantities = ", ".join(f"{k}={np.round(np.asarray(v), 4).tolist()}" for k, v in written["quantities"].items())
+    print(
+        f"trajectory: {written['path']} ({written['steps']} steps x {written['worlds']} worlds: "
+        f"{', '.join(written['observables'])}; noise std {written['noise_std']:g}; {quantities or 'no quantities'})",
+        flush=True,
+    )
+
+
+def evaluate_command() -> None:
+    """``evaluate RUN_DIR [env.<field>=V ...] [checkpoint=PATH] [out=PATH] [device=NAME]``: eval.json and a table."""
+    from harness.evaluate import EvaluateError, evaluate_run, format_table, split_arguments
+
+    try:
+        run_dir, options, overrides = split_arguments(sys.argv[1:])
+    except EvaluateError as exc:
+        _fail(exc)
+    init_warp()
+    try:
+        report = evaluate_run(run_dir, overrides, **options)
+    except EvaluateError as exc:
+        _fail(exc)
+    print(format_table(report), flush=True)
+
+
+COMMANDS = {
+    "train": train_command,
+    "gradcheck": gradcheck_command,
+    "report": report_command,
+    "render": render_command,
+    "evaluate": evaluate_command,
+    "record": record_command,
+}
 CONFIG_NAMES = {"train": "train", "gradcheck": "gradcheck"}
 """Commands whose command line is validated (no folder created) before Hydra runs."""
 

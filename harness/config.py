@@ -239,19 +239,25 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
     )
     check_group_types(cfg, choices)
     env_class, env_fields = check_env_fields(cfg)
-    steps = segment_steps(cfg, env_class, env_fields)
+    task = _instantiate(cfg, "task")
+    try:
+        task.check_env(env_class.name, env_fields)
+        task.check(env_fields)
+        loss = task.replace_loss(_instantiate(cfg, "loss"))
+        loss.check(env_fields.observable_dims())
+        if loss.reference_terms and task.replace_loss(loss) is loss:
+            raise ValueError(
+                f"loss.terms.{loss.reference_terms[0].name}.kind: reference compares with a recorded trajectory; "
+                "accepted with task=sysid only"
+            )
+    except ValueError as exc:
+        raise ConfigError(_first_line(exc)) from None
+    steps = segment_steps(cfg, env_class, task.training_config(env_fields))
     if settings.capture is True and not getattr(env_class, "capturable", True):
         note = getattr(env_class, "capture_note", "") or "it declares capturable = False"
         raise ConfigError(
             f"capture: env '{env_class.name}' cannot be captured ({note}); accepted: capture=auto or false"
         )
-    task = _instantiate(cfg, "task")
-    try:
-        task.check(env_fields)
-        loss = _instantiate(cfg, "loss")
-        loss.check(env_fields.observable_dims())
-    except ValueError as exc:
-        raise ConfigError(_first_line(exc)) from None
     return Run(
         env=None,
         loss=loss,
@@ -292,14 +298,20 @@ def segment_steps(cfg: DictConfig, env_class: Any, env_config: Any) -> int | Non
     return steps
 
 
-def build_env(cfg: DictConfig, device: str | None, steps: int | None = None) -> Any:
+def build_env(
+    cfg: DictConfig, device: str | None, steps: int | None = None, task: Any = None, *, evaluation: bool = False
+) -> Any:
     """Build the env of ``cfg`` (this compiles its kernels), in segments of ``steps`` steps
-    when given (``Run.segment_steps``, from :func:`validate`).
+    when given (``Run.segment_steps``, from :func:`validate`), with the config ``task``
+    trains on when given (:meth:`harness.tasks.Task.training_config`), or evaluates on
+    with ``evaluation`` (:meth:`harness.tasks.Task.evaluation_config`).
 
     Raises:
         ConfigError: One line when the env's own code raises while building.
     """
     env_class, env_config = check_env_fields(cfg)
+    if task is not None:
+        env_config = task.evaluation_config(env_config) if evaluation else task.training_config(env_config)
     try:
         return env_class(env_config, device=device, **({"segment_steps": steps} if steps is not None else {}))
     except Exception as exc:
@@ -313,11 +325,17 @@ def _env_key(cfg: DictConfig, run: Run) -> tuple[str, str | None, int | None]:
     return OmegaConf.to_yaml(cfg.env, resolve=True), run.settings.device, run.segment_steps
 
 
-def build_run(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
+def build_run(cfg: DictConfig, choices: Mapping[str, Any], *, evaluation: bool = False) -> Run:
     """Validate the whole config, then build the env (this compiles its kernels), or take
-    the one :func:`precheck` built for this very env config and device."""
+    the one :func:`precheck` built for this very env config and device. ``evaluation``
+    builds the env a run is evaluated on (a windowed policy's whole episode)."""
     run = validate(cfg, choices)
-    run.env = _PREBUILT.pop(_env_key(cfg, run), None) or build_env(cfg, run.settings.device, run.segment_steps)
+    if evaluation:
+        run.env = build_env(cfg, run.settings.device, None, run.task, evaluation=True)
+        return run
+    run.env = _PREBUILT.pop(_env_key(cfg, run), None) or build_env(
+        cfg, run.settings.device, run.segment_steps, run.task
+    )
     return run
 
 
@@ -386,6 +404,51 @@ def run_name_suffix(overrides: str) -> str:
     return "_" + overrides.replace("/", "-")[:RUN_NAME_CHARS] if overrides else ""
 
 
+def apply_task_env_defaults(cfg: DictConfig, choices: Mapping[str, Any], overrides: list[str]) -> None:
+    """Apply the chosen task's defaults for the chosen env, in place.
+
+    A task option may hold ``per_env: {<env option>: {<dotted key>: value}}``: the
+    settings that task trains that env with (``task=policy`` trains the cartpole over a
+    longer horizon than the open-loop default). Hydra merges a ``+env=`` option after the
+    task's, so these are applied here, after composition: over the env's and loss's own
+    option values, and under the command line's overrides, which still win. The block is
+    removed from ``cfg.task``.
+    """
+    task = cfg.get("task")
+    if not isinstance(task, DictConfig) or "per_env" not in task:
+        return
+    with open_dict(cfg):
+        block = task.pop("per_env")
+    values = (block or {}).get(str(choices.get("env")))
+    if not values:
+        return
+    # what the command line sets: a value (env.tilt) or a whole group's option (loss=...);
+    # the env's own choice (+env=cartpole) is what selected these defaults
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides} - {"env"}
+    for key, value in values.items():
+        if any(key == g or key.startswith(g + ".") for g in given):
+            continue
+        with open_dict(cfg):
+            OmegaConf.update(cfg, key, value, merge=False)
+
+
+def run_overrides(run_dir: Path, command: str) -> list[str]:
+    """The command-line overrides a run folder was trained with (``.hydra/overrides.yaml``),
+    less ``resume=`` and ``device=``: what ``render`` and ``evaluate`` compose its config from.
+
+    Raises:
+        ConfigError: One line: ``run_dir`` is not a run folder.
+    """
+    import yaml
+
+    found = Path(run_dir) / ".hydra" / "overrides.yaml"
+    if not found.is_file():
+        raise ConfigError(
+            f"{command}: '{run_dir}' is not a run folder (no .hydra/overrides.yaml); accepted: outputs/<env>/<time>"
+        )
+    return [o for o in yaml.safe_load(found.read_text()) or [] if not o.startswith(("resume=", "device="))]
+
+
 def register_resolvers() -> None:
     """Register the ``harness.run_name_suffix`` resolver the configs' ``hydra.run.dir`` uses."""
     if not OmegaConf.has_resolver("harness.run_name_suffix"):
@@ -408,6 +471,7 @@ def compose_config(config_name: str, overrides: list[str]) -> tuple[DictConfig, 
     choices = dict(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]
+    apply_task_env_defaults(cfg, choices, list(overrides))
     return cfg, choices
 
 
@@ -457,7 +521,7 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     folder = None if resume is None else _check_checkpoint(str(resume), given.get("hydra.run.dir"), cfg, choices)
     _PREBUILT.clear()
     # a failure while building writes nothing
-    _PREBUILT[_env_key(cfg, run)] = build_env(cfg, run.settings.device, run.segment_steps)
+    _PREBUILT[_env_key(cfg, run)] = build_env(cfg, run.settings.device, run.segment_steps, run.task)
     return folder
 
 
@@ -508,12 +572,17 @@ def _check_checkpoint(resume: str, run_dir: Any, cfg: DictConfig, choices: Mappi
                 f"resume: '{path}' belongs to run folder '{run_folder}'; drop hydra.run.dir or set it to that folder"
             )
     env_class, env_config = check_env_fields(cfg)
+    task = _instantiate(cfg, "task")
+    try:
+        task.check_env(env_class.name, env_config)
+    except ValueError as exc:
+        raise ConfigError(_first_line(exc)) from None
     try:
         checkpoint.check_fits(
             saved,
             path,
             env=env_class.name,
-            shapes=_instantiate(cfg, "task").parameter_shapes(env_config),
+            shapes=task.parameter_shapes(env_config),
             iterations=cfg.iterations,
         )
     except checkpoint.CheckpointError as exc:

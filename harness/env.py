@@ -11,7 +11,9 @@ and runs one step at a time:
 - :meth:`Env.step` advances state ``t`` to state ``t + 1``;
 - :meth:`Env.record` writes the observables of state ``t + 1`` into row ``t``;
 - :meth:`Env.set_quantity` writes a named physical quantity (a mass, a rest length, an
-  initial velocity) from a parameter array into the simulation, differentiably.
+  initial velocity) from a parameter array into the simulation, differentiably;
+- :meth:`Env.observe` writes what a policy sees of state ``t`` (``task=policy``), and
+  :meth:`Env.draw_initial` draws fresh initial states on the device.
 
 What is trained is the task's choice (:mod:`harness.tasks`): the actions of every step
 (open loop), a policy's weights, or named quantities. :func:`harness.tasks.rollout` drives
@@ -109,6 +111,8 @@ class Quantity:
         unit: SI unit, for the docs and the summary (``kg``, ``m``, ``m/s``, ``Pa``).
         doc: One line: what it is.
         fd_step: A central finite-difference step for gradient checks, in ``unit``.
+        per_world: The first axis is the world (one value per world): ``task=sysid``
+            may fit one value shared by every world instead (``task.shared``).
     """
 
     shape: tuple[int, ...]
@@ -118,6 +122,7 @@ class Quantity:
     unit: str = ""
     doc: str = ""
     fd_step: float = 1.0e-3
+    per_world: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,6 +144,10 @@ class EnvConfig:
 
     def action_dim(self) -> int:
         """Width of one world's action at one step (0: the env takes no actions)."""
+        return 0
+
+    def observation_dim(self) -> int:
+        """Width of one world's observation, what a policy sees (0: the env offers none)."""
         return 0
 
     def action_fd_step(self) -> float:
@@ -267,6 +276,40 @@ class Env(abc.ABC):
     @abc.abstractmethod
     def state_arrays(self, t: int) -> list[wp.array]:
         """The differentiable arrays of state ``t`` as per-world views ``(world_count, k)``."""
+
+    def observe(self, t: int, out: wp.array) -> None:
+        """Write the observation of state ``t`` into ``out``, float32 ``(world_count,
+        observation_dim)`` (a recorded launch, so a policy's gradient reaches the state)."""
+        raise NotImplementedError(f"env '{self.name}' offers no observation")
+
+    def draw_initial(self, key: wp.array) -> None:
+        """Overwrite the initial state of every world with a fresh draw from the env's
+        distribution of initial conditions, on the device: seeded by the env's seed and
+        ``key[0]`` (an int32 device array, e.g. the iteration counter), so a captured graph
+        draws anew at every replay and a resumed run draws what it would have drawn."""
+        raise NotImplementedError(f"env '{self.name}' cannot draw initial states")
+
+    def initial_state(self) -> dict[str, wp.array]:
+        """The arrays :meth:`reset` copies into state 0, by field (``record`` saves them per
+        world, ``task=sysid`` writes a recording's into them)."""
+        raise NotImplementedError(f"env '{self.name}' does not expose its initial state")
+
+    def restore_initial(self) -> None:  # noqa: B027  (nothing to restore unless drawn or carried)
+        """Put back the initial state the env was built with, after :meth:`draw_initial` or
+        :meth:`carry_final` replaced it (evaluation starts from the env's own states)."""
+
+    def keep_final(self) -> None:
+        """Keep a copy of the rollout's last state (values only), for :meth:`carry_final`."""
+        raise NotImplementedError(f"env '{self.name}' cannot carry its state between rollouts")
+
+    def carry_final(self, carry: wp.array) -> None:
+        """Where ``carry[0]`` is 1, make the kept last state the initial state of the next
+        rollout (a truncated window continues the episode); where 0 leave the initial state."""
+        raise NotImplementedError(f"env '{self.name}' cannot carry its state between rollouts")
+
+    def carried(self) -> dict[str, wp.array]:
+        """The arrays :meth:`keep_final` writes (what a checkpoint must hold to resume mid-episode)."""
+        return {}
 
     def set_quantity(self, name: str, value: wp.array) -> None:
         """Write a physical quantity from ``value`` (shape and dtype of :attr:`quantities`) into the simulation."""

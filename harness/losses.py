@@ -21,17 +21,22 @@ import warp as wp
 
 
 @wp.kernel
-def _quadratic_term(
+def _squared_difference_term(
     x: wp.array3d(dtype=wp.float32),
     first_step: int,
     dim_weights: wp.array(dtype=wp.float32),
-    target: wp.array(dtype=wp.float32),
+    target: wp.array3d(dtype=wp.float32),
+    per_step: int,
     scale: float,
     term: int,
     term_values: wp.array(dtype=wp.float32),
 ):
+    """``scale * dim_weights[d] * (x - target)**2`` summed into ``term_values[term]``; the
+    target is one row ``(1, 1, dim)`` (``per_step`` 0) or a whole recorded trajectory
+    ``(steps, worlds, dim)`` (``per_step`` 1)."""
     t, w, d = wp.tid()
-    diff = x[first_step + t, w, d] - target[d]
+    step = first_step + t
+    diff = x[step, w, d] - target[step * per_step, w * per_step, d]
     wp.atomic_add(term_values, term, scale * dim_weights[d] * diff * diff)
 
 
@@ -52,7 +57,9 @@ class LossTerm:
         source: Observable it reads (``joint_q``, ``controls``, ...).
         weight: Multiplier of the term in the total.
         kind: ``quadratic``: mean over the covered steps and worlds of
-            ``sum_d dim_weights[d] * (x[t, w, d] - target[d])**2``.
+            ``sum_d dim_weights[d] * (x[t, w, d] - target[d])**2``; ``reference``: the same
+            with a recorded trajectory ``reference[t, w, d]`` in place of ``target[d]``
+            (``task=sysid`` supplies it, :meth:`WeightedLoss.set_reference`).
         dim_weights: Per-dimension weights; all ones if empty.
         target: Per-dimension target values; zeros if empty.
         steps: ``all`` (running cost over the whole horizon) or ``last`` (final step only).
@@ -67,7 +74,7 @@ class LossTerm:
     steps: str = "all"
 
 
-TERM_KINDS = {"quadratic": _quadratic_term}
+TERM_KINDS = {"quadratic": _squared_difference_term, "reference": _squared_difference_term}
 STEP_MODES = ("all", "last")
 
 
@@ -94,6 +101,7 @@ class WeightedLoss:
                 raise ValueError(f"loss.terms.{term.name}.weight: must be a finite number >= 0, got {term.weight}")
         self.terms = built
         self._bound = False
+        self._references: dict[str, wp.array] = {}
 
     @property
     def term_names(self) -> list[str]:
@@ -136,10 +144,20 @@ class WeightedLoss:
         resolved = self.check(observables)
         self.device = wp.get_device(device)
         self._dim_weights = [wp.array(w, dtype=wp.float32, device=self.device) for w, _ in resolved]
-        self._targets = [wp.array(t, dtype=wp.float32, device=self.device) for _, t in resolved]
+        self._targets = [wp.array(t.reshape(1, 1, -1), dtype=wp.float32, device=self.device) for _, t in resolved]
         self.term_values = wp.zeros(len(self.terms), dtype=wp.float32, device=self.device, requires_grad=True)
         self.total = wp.zeros(1, dtype=wp.float32, device=self.device, requires_grad=True)
         self._bound = True
+
+    @property
+    def reference_terms(self) -> list[LossTerm]:
+        """The terms that compare with a recorded trajectory (kind ``reference``)."""
+        return [t for t in self.terms if t.kind == "reference"]
+
+    def set_reference(self, name: str, reference: wp.array) -> None:
+        """The recorded trajectory term ``name`` compares with, float32 ``(steps, worlds, dim)``
+        of the shape its observable has in a rollout."""
+        self._references[name] = reference
 
     def zero(self) -> None:
         """Zero the values and gradients of the term and total buffers."""
@@ -156,10 +174,27 @@ class WeightedLoss:
             steps, worlds, dim = x.shape
             first = steps - 1 if term.steps == "last" else 0
             covered = steps - first
+            if term.kind == "reference":
+                target = self._references.get(term.name)
+                if target is None or tuple(target.shape) != (steps, worlds, dim):
+                    raise RuntimeError(
+                        f"loss.terms.{term.name}: kind reference needs a recorded trajectory of shape "
+                        f"{(steps, worlds, dim)} (task=sysid supplies it)"
+                    )
+            else:
+                target = self._targets[k]
             wp.launch(
                 TERM_KINDS[term.kind],
                 dim=(covered, worlds, dim),
-                inputs=[x, first, self._dim_weights[k], self._targets[k], term.weight / (covered * worlds), k],
+                inputs=[
+                    x,
+                    first,
+                    self._dim_weights[k],
+                    target,
+                    int(term.kind == "reference"),
+                    term.weight / (covered * worlds),
+                    k,
+                ],
                 outputs=[self.term_values],
                 device=self.device,
             )

@@ -65,6 +65,13 @@ def _particles_to_target(
     out[row, world, 2] = delta[2]
 
 
+@wp.kernel
+def _carry_kernel(carry: wp.array(dtype=wp.int32), kept: wp.array(dtype=Any), initial: wp.array(dtype=Any)):
+    i = wp.tid()
+    if carry[0] != 0:
+        initial[i] = kept[i]
+
+
 class NewtonEnv(Env):
     """An env whose simulation is a Newton model stepped by a Newton solver.
 
@@ -99,6 +106,8 @@ class NewtonEnv(Env):
         self._saved: dict[int, Any] = {}
         self._carry: dict[str, wp.array] = {}
         self._stash: list[wp.array] | None = None
+        self._final: dict[str, wp.array] = {}
+        self._built_state: dict[str, wp.array] = {}
         if self.segment_steps is not None:
             k = self.segment_steps
             # values only: a saved State with gradients would double its memory, and wp.copy
@@ -259,6 +268,36 @@ class NewtonEnv(Env):
             super().set_quantity(name, value)
             return
         wp.copy(self.initial[self.initial_quantities[name]], value)
+
+    def keep_final(self) -> None:
+        last = self.state(self.horizon)
+        for name, kept in self.carried().items():
+            wp.copy(kept, getattr(last, name))
+
+    def carry_final(self, carry: wp.array) -> None:
+        self.keep_built_initial()
+        for name, kept in self.carried().items():
+            wp.launch(
+                _carry_kernel, dim=kept.size, inputs=[carry, kept.flatten()], outputs=[self.initial[name].flatten()],
+                device=self.device,
+            )  # fmt: skip
+
+    def carried(self) -> dict[str, wp.array]:
+        if not self._final:  # values only, allocated on first use
+            self._final = {name: wp.zeros_like(self.initial[name], requires_grad=False) for name in self.state_fields}
+        return self._final
+
+    def initial_state(self) -> dict[str, wp.array]:
+        return dict(self.initial)
+
+    def keep_built_initial(self) -> None:
+        """Keep the initial state as built (once), before a draw or a carry overwrites it."""
+        if not self._built_state:
+            self._built_state = {name: wp.clone(self.initial[name], requires_grad=False) for name in self.state_fields}
+
+    def restore_initial(self) -> None:
+        for name, built in self._built_state.items():
+            wp.copy(self.initial[name], built)
 
     def reset(self) -> None:
         first = self.state(0)

@@ -420,21 +420,16 @@ def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 12
         RenderError: One line: not a run folder, no checkpoint, an env that cannot be drawn.
     """
     import warp as wp
-    import yaml
 
     from harness import checkpoint as ckpt
     from harness import config
     from harness.newton_env import NewtonEnv
     from harness.training.callbacks import check_identity
 
-    overrides_file = run_dir / ".hydra" / "overrides.yaml"
-    if not overrides_file.is_file():
-        raise RenderError(
-            f"render: '{run_dir}' is not a run folder (no .hydra/overrides.yaml); accepted: outputs/<env>/<time>"
-        )
-    overrides = [
-        o for o in yaml.safe_load(overrides_file.read_text()) or [] if not o.startswith(("resume=", "device="))
-    ]
+    try:
+        overrides = config.run_overrides(run_dir, "render")
+    except config.ConfigError as exc:
+        raise RenderError(str(exc)) from None
     try:
         path = ckpt.resolve(checkpoint or "auto", run_dir, field="checkpoint")
     except ckpt.CheckpointError as exc:
@@ -445,7 +440,7 @@ def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 12
         )
     try:
         cfg, choices = config.compose_config("train", [*overrides, "device=cpu"])
-        run = config.build_run(cfg, choices)
+        run = config.build_run(cfg, choices, evaluation=True)  # a windowed policy: its whole episode
     except config.ConfigError as exc:
         raise RenderError(f"render: the run's config: {exc}") from None
     env = run.env
@@ -467,7 +462,10 @@ def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 12
         raise RenderError(str(exc)) from None
     before, before_values = snapshot()
     try:
-        step.state.load(saved.arrays)
+        # a windowed policy's checkpoint also holds the state its training carried between
+        # windows; a render rolls whole episodes from the env's own starts and needs none of it
+        mine = step.state.arrays()
+        step.state.load({k: v for k, v in saved.arrays.items() if not k.startswith("task/") or k in mine})
     except ValueError as exc:
         raise RenderError(f"checkpoint: '{path}' does not fit this run ({exc})") from None
     with step.at_eval_params():

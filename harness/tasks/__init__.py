@@ -4,6 +4,9 @@ A task decides what the trainable parameters are and how they enter a rollout; t
 (:mod:`harness.env`) only simulates. Tasks, by their ``configs/task/`` option:
 
 - ``open_loop`` (:class:`~harness.tasks.open_loop.OpenLoop`): one action per step and world.
+- ``policy`` (:class:`~harness.tasks.policy.Policy`): an MLP from observation to action.
+- ``sysid`` (:class:`~harness.tasks.sysid.SystemId`): physical quantities fitted to a
+  recorded trajectory.
 - ``physical`` and ``initial`` (:class:`~harness.tasks.quantities.TrainQuantities`): named
   physical quantities the env exposes (masses, rest lengths, material parameters), or
   quantities of its initial state (initial velocities).
@@ -15,6 +18,18 @@ from __future__ import annotations
 
 from harness.tasks.base import Task, prepare, rollout, rollout_segment, segment_bounds
 from harness.tasks.open_loop import OpenLoop
+from harness.tasks.policy import Policy
 from harness.tasks.quantities import TrainQuantities
+from harness.tasks.sysid import SystemId
 
-__all__ = ["OpenLoop", "Task", "TrainQuantities", "prepare", "rollout", "rollout_segment", "segment_bounds"]
+__all__ = [
+    "OpenLoop",
+    "Policy",
+    "SystemId",
+    "Task",
+    "TrainQuantities",
+    "prepare",
+    "rollout",
+    "rollout_segment",
+    "segment_bounds",
+]

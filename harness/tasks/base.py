@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import abc
-from typing import ClassVar
+import contextlib
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
+import numpy as np
 import warp as wp
 
 from harness.env import Env, EnvConfig, StepHook, Trajectory
+from harness.losses import WeightedLoss
 from harness.params import ParamSet, ParamSpec
 
 __all__ = ["Task", "prepare", "rollout", "rollout_segment", "segment_bounds"]
@@ -33,6 +37,29 @@ class Task(abc.ABC):
             ValueError: One line naming ``task.<field>`` (or the env) and what is accepted.
         """
 
+    def check_env(self, env_name: str, config: EnvConfig) -> None:  # noqa: B027  (optional)
+        """Checks that need the env's name too (a recorded trajectory names its env); before :meth:`check`.
+
+        Raises:
+            ValueError: One line naming ``task.<field>`` and what is accepted.
+        """
+
+    def replace_loss(self, configured: WeightedLoss) -> WeightedLoss:
+        """The loss this task trains with: the configured one, unless the task defines its own
+        (``task=sysid`` fits a recorded trajectory)."""
+        return configured
+
+    def attach(self, env: Env, loss: WeightedLoss) -> None:  # noqa: B027  (optional)
+        """After the loss is bound to a built env: hand it what the task supplies (a reference trajectory)."""
+
+    def columns(self, params: ParamSet, loss: WeightedLoss) -> list[tuple[str, wp.array, int]]:
+        """Further per-iteration scalars for the history, as ``(tag, device array, index)``."""
+        return []
+
+    def summary(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Entries for summary.json from the trained parameters' values (host arrays by name)."""
+        return {}
+
     @abc.abstractmethod
     def parameter_shapes(self, config: EnvConfig) -> dict[str, tuple[int, ...]]:
         """Shapes of the parameters for an env with this config (nothing is built)."""
@@ -47,6 +74,36 @@ class Task(abc.ABC):
 
     def act(self, env: Env, params: ParamSet, t: int) -> None:  # noqa: B027  (optional)
         """Before step ``t``: hand the env its action, if the task drives actions."""
+
+    def end(self, env: Env, params: ParamSet) -> None:  # noqa: B027  (optional)
+        """After the last step of a rollout (a windowed policy keeps the state it ended in)."""
+
+    def training_config(self, config: EnvConfig) -> EnvConfig:
+        """The env config a training run builds (a windowed policy trains on shorter
+        rollouts than it is evaluated on); the config itself by default."""
+        return config
+
+    def evaluation_config(self, config: EnvConfig) -> EnvConfig:
+        """The env config ``harness evaluate`` builds: the config itself (a policy is
+        evaluated over whole episodes), unless the task fixes the env's size (a recording's)."""
+        return config
+
+    @contextlib.contextmanager
+    def training(self, key: wp.array) -> Iterator[None]:
+        """Rollouts inside this block are training rollouts; ``key`` is the device iteration
+        counter (a task that draws initial states draws with it). Nothing by default."""
+        yield
+
+    def state(self, env: Env) -> dict[str, wp.array]:
+        """Device arrays that carry over between iterations and belong in a checkpoint."""
+        return {}
+
+    def zero_grad(self, env: Env) -> None:  # noqa: B027  (optional: no buffers of its own by default)
+        """Zero the gradients of buffers the task owns for ``env`` (a policy's per-step activations)."""
+
+    def rollout_actions(self, env: Env) -> wp.array | None:
+        """The actions of the latest rollout ``(horizon, world_count, action_dim)``, if the task drives actions."""
+        return None
 
 
 def rollout(env: Env, task: Task, params: ParamSet, *, after_step: StepHook | None = None) -> Trajectory:
@@ -100,6 +157,8 @@ def rollout_segment(
         if after_step is not None:
             after_step(t, env.state_arrays(t + 1))
         env.record(t)
+    if end == env.horizon:
+        task.end(env, params)
 
 
 def segment_bounds(horizon: int, steps: int | None) -> list[tuple[int, int]]:
@@ -110,7 +169,7 @@ def segment_bounds(horizon: int, steps: int | None) -> list[tuple[int, int]]:
     return [(start, min(start + steps, horizon)) for start in range(0, horizon, steps)]
 
 
-def prepare(env: Env, task: Task, loss: object, *, device: wp.context.Devicelike = None) -> ParamSet:
+def prepare(env: Env, task: Task, loss: WeightedLoss, *, device: wp.context.Devicelike = None) -> ParamSet:
     """Make the parameters of ``task`` for ``env``, bind ``loss`` to the env's observables and
     ask the env to record what the loss reads.
 
@@ -121,5 +180,6 @@ def prepare(env: Env, task: Task, loss: object, *, device: wp.context.Devicelike
     task.check(env.config)
     params = ParamSet(task.parameter_specs(env), device=device if device is not None else env.device)
     loss.bind(env.observables, device=params.device)
+    task.attach(env, loss)
     env.request(loss.requested())
     return params

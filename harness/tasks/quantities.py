@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 from harness import schema
 from harness.env import Env, EnvConfig, Quantity
@@ -41,7 +44,7 @@ class TrainQuantities(Task):
     ):
         if kind not in ("physical", "initial"):
             raise schema.SchemaError(f"task.kind: '{kind}' is not accepted; accepted: physical, initial")
-        self.name = kind
+        self.name = self.kind = kind
         self.quantities = None if quantities is None else [str(q) for q in quantities]
         self.lower = -math.inf if lower is None else float(lower)
         self.upper = math.inf if upper is None else float(upper)
@@ -49,7 +52,7 @@ class TrainQuantities(Task):
             raise schema.SchemaError(f"task.lower: {self.lower:g} is above task.upper {self.upper:g}")
 
     def _names(self, config: EnvConfig) -> list[str]:
-        return self.quantities if self.quantities is not None else config.default_quantities(self.name)
+        return self.quantities if self.quantities is not None else config.default_quantities(self.kind)
 
     def chosen(self, config: EnvConfig) -> dict[str, Quantity]:
         """The quantities this task trains for an env with this config."""
@@ -80,6 +83,14 @@ class TrainQuantities(Task):
                     f"task.lower/task.upper: [{self.lower:g}, {self.upper:g}] leaves nothing of quantity "
                     f"'{name}' [{q.lower:g}, {q.upper:g}]"
                 )
+
+    def summary(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
+        """``parameters``: the trained value of every quantity (name -> nested lists, in its unit)."""
+        return {
+            "parameters": {
+                name: np.asarray(value, dtype=np.float64).round(7).tolist() for name, value in values.items()
+            }
+        }
 
     def parameter_shapes(self, config: EnvConfig) -> dict[str, tuple[int, ...]]:
         return {name: q.shape for name, q in self.chosen(config).items()}

@@ -90,7 +90,9 @@ class Trainer:
         self.device = wp.get_device(settings.device)
         params = prepare(env, self.task, loss, device=self.device)
         opt_state = optimizer.init(params)
-        self.state = TrainState(params, opt_state, self.schedule.init(opt_state), clip.init(params))
+        self.state = TrainState(
+            params, opt_state, self.schedule.init(opt_state), clip.init(params), task=self.task.state(env)
+        )
         self.step = TrainStep(
             env=env, task=self.task, loss=loss, optimizer=optimizer, clip=clip, schedule=self.schedule,
             state=self.state, rows=settings.log_every,

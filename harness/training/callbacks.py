@@ -211,6 +211,14 @@ class TensorBoardLog(Callback):
         step = iteration + 1
         for name, grad in values["grad_pre"].items():
             self.writer.histogram(step, f"optim/grad_hist/{name}", grad)
+        actions = values.get("actions")
+        if actions is not None:
+            scale = getattr(loop.step.task, "action_scale", None)
+            self.writer.histogram(step, "policy/actions", actions)
+            summary = {"policy/action_abs_mean": float(np.abs(actions).mean())}
+            if scale:
+                summary["policy/saturated_fraction"] = float(np.mean(np.abs(actions) >= 0.99 * scale))
+            self.writer.scalars(step, summary)
         profile = values.get("adjoint_profile")
         if profile is not None:
             adjoint = loop.step.adjoint

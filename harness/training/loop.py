@@ -297,6 +297,7 @@ class Loop:
             "timing_s": dict(step.timing),
             "before_training": tally.initial_figures,
             "after_training": final_figures,
+            **step.task.summary(step.state.params.split(step.eval_params().numpy())),
         }
 
 

@@ -33,16 +33,27 @@ class TrainState:
         optim: Optimizer state (``step``, ``lr``, moments, ...).
         schedule: Schedule state (base rate, clip-aware window, ...).
         clip: Clip-policy state (coefficient, skip flag, AutoClip/ZClip history, ...).
+        task: What the task carries between iterations (a windowed policy's env state).
     """
 
     params: ParamSet
     optim: State
     schedule: State
     clip: State
+    task: State = dataclasses.field(default_factory=dict)
 
     def groups(self) -> dict[str, State]:
-        """The nested structure, by group: ``params`` (``data``), ``optim``, ``schedule``, ``clip``."""
-        return {"params": {"data": self.params.data}, "optim": self.optim, "schedule": self.schedule, "clip": self.clip}
+        """The nested structure, by group: ``params`` (``data``), ``optim``, ``schedule``,
+        ``clip`` and, when the task carries something between iterations, ``task``."""
+        found = {
+            "params": {"data": self.params.data},
+            "optim": self.optim,
+            "schedule": self.schedule,
+            "clip": self.clip,
+        }
+        if self.task:
+            found["task"] = self.task
+        return found
 
     def arrays(self) -> dict[str, wp.array]:
         """Every leaf, flattened to ``<group>/<key>``."""

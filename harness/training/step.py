@@ -104,11 +104,14 @@ def _advance_kernel(counter: wp.array(dtype=wp.int32)):
     counter[0] = counter[0] + 1
 
 
-def zero_grads(env: Env, loss: WeightedLoss, params: ParamSet) -> None:
-    """Zero every gradient buffer a run owns: parameters, env internals, loss (never ``tape.zero()``)."""
+def zero_grads(env: Env, loss: WeightedLoss, params: ParamSet, task: Task | None = None) -> None:
+    """Zero every gradient buffer a run owns: parameters, env internals, loss, the task's own
+    buffers (never ``tape.zero()``)."""
     params.zero_grad()
     env.zero_grad()
     loss.zero()
+    if task is not None:
+        task.zero_grad(env)
 
 
 def record_rollout(
@@ -131,7 +134,7 @@ def record_rollout(
             f"record_rollout: env '{env.name}' runs in segments of {env.segment_steps} steps; "
             "use harness.memory.segmented_forward_backward"
         )
-    zero_grads(env, loss, params)
+    zero_grads(env, loss, params, task)
     tape = wp.Tape()
     with tape:
         hook = adjoint.step_hook(tape) if adjoint is not None else None
@@ -311,6 +314,7 @@ class TrainStep:
             extra["optim/clip_threshold"] = state.clip["threshold"]
         if self.adjoint is not None and self.adjoint.scales:
             extra["through_time/clipped"] = self.adjoint.rescaled
+        sources += task.columns(params, loss)
         extra.update(optimizer.scalars(state.optim))
         extra.update(schedule.scalars(state.schedule))
         sources += [(tag, array, 0) for tag, array in extra.items()]
@@ -349,18 +353,19 @@ class TrainStep:
         adjoint_before = self.adjoint.elapsed_s if self.adjoint is not None else 0.0
         # A graph replays launches that reference what the tape holds: keep it (or, with
         # segments, what each segment's tape held) until the next iteration.
-        if self.env.segment_steps is not None:
-            zero_grads(self.env, self.loss, self.state.params)
-            self._tape, self.trajectory, _ = segmented_forward_backward(
-                self.env, self.task, self.loss, self.state.params, adjoint=self.adjoint
-            )
-            t1 = t0
-        else:
-            self._tape, self.trajectory, total = record_rollout(
-                self.env, self.task, self.loss, self.state.params, adjoint=self.adjoint
-            )
-            t1 = time.perf_counter()
-            self._tape.backward(total)
+        with self.task.training(self.counter):
+            if self.env.segment_steps is not None:
+                zero_grads(self.env, self.loss, self.state.params, self.task)
+                self._tape, self.trajectory, _ = segmented_forward_backward(
+                    self.env, self.task, self.loss, self.state.params, adjoint=self.adjoint
+                )
+                t1 = t0
+            else:
+                self._tape, self.trajectory, total = record_rollout(
+                    self.env, self.task, self.loss, self.state.params, adjoint=self.adjoint
+                )
+                t1 = time.perf_counter()
+                self._tape.backward(total)
         t2 = time.perf_counter()
         if self._timed:
             adjoint_s = (self.adjoint.elapsed_s if self.adjoint is not None else 0.0) - adjoint_before
@@ -449,7 +454,8 @@ class TrainStep:
         Returns:
             ``optim/param_norm`` and ``optim/update_ratio`` (of the evaluated parameters), ``grad_pre``
             (the pre-clip gradient of every parameter, for histograms) and, with the
-            adjoint clip or profile on, ``adjoint_profile`` ``(horizon, world_count)``.
+            adjoint clip or profile on, ``adjoint_profile`` ``(horizon, world_count)``; for a
+            task whose actions are computed (a policy), ``actions`` of the latest rollout.
         """
         x = self.eval_params()
         self.stats_param.compute(x)
@@ -462,6 +468,9 @@ class TrainStep:
         }
         if self.adjoint is not None:
             values["adjoint_profile"] = self.adjoint.profile()
+        actions = self.task.rollout_actions(self.env)
+        if actions is not None:  # a policy's: the latest training rollout's
+            values["actions"] = actions.numpy()
         return values
 
     def eval_params(self) -> wp.array:

@@ -1,0 +1,297 @@
+"""Closed-loop control: an MLP policy maps every world's observation to its action at every step.
+
+The weights and biases are parameters in the flat buffer (``l1.weight``, ``l1.bias``, ...,
+``out.weight``, ``out.bias``), so gradient statistics, clipping and the optimizer treat them
+as any other parameter, and TensorBoard shows each layer's gradient norm
+(``optim/grad_norm_pre/l1.weight``).
+
+The layers are plain Warp kernels, one thread per (world, unit), each writing its own row
+of a per-step buffer: a policy applied at every step of one tape needs every step's
+activations for backward, so each step has its own input, hidden and output rows (the
+reason this module does not use a layer library that keeps one output buffer per module;
+docs/tasks.md has the measurement behind the choice).
+
+Training (inside :meth:`Task.training`, as :class:`harness.training.TrainStep` runs it)
+draws the initial state of every world anew at each episode start, on the device, from the
+env's seed and the iteration counter (``env.draw_initial``): a run is reproducible and a
+resumed run draws what it would have drawn. With ``window`` shorter than the env's
+horizon, one optimizer step sees ``window`` steps and the next window continues from the
+state the last one ended in (truncated backpropagation through time, as SHAC, Xu et al.
+2022, does it, here without a critic); ``window = horizon`` is full backpropagation
+through time. Outside training (evaluation, plots, ``harness evaluate``) a rollout starts
+from the env's own initial states (``env.seed``) over the whole horizon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import warp as wp
+
+from harness import schema
+from harness.env import Env, EnvConfig
+from harness.losses import WeightedLoss
+from harness.params import ParamSet, ParamSpec
+from harness.tasks.base import Task
+
+__all__ = ["ACTIVATIONS", "Policy"]
+
+ACTIVATIONS = {"tanh": 0, "elu": 1, "relu": 2}
+"""Hidden-layer activations, by name (the kernel's code)."""
+
+
+@wp.func
+def _activate(x: float, kind: int):
+    if kind == 0:
+        return wp.tanh(x)
+    if kind == 1:
+        if x > 0.0:
+            return x
+        return wp.exp(x) - 1.0
+    return wp.max(x, 0.0)
+
+
+@wp.kernel
+def _linear(
+    x: wp.array3d(dtype=wp.float32),
+    t: int,
+    weight: wp.array2d(dtype=wp.float32),
+    bias: wp.array(dtype=wp.float32),
+    z: wp.array3d(dtype=wp.float32),
+):
+    """``z[t, w, j] = bias[j] + sum_i weight[j, i] x[t, w, i]``: only the sum is in the
+    loop. With Warp 1.19 a fused kernel that applied the activation to the sum after the
+    dynamic loop gave gradients 4-14% off central differences (tests/test_policy.py
+    checks the split kernels against them)."""
+    world, j = wp.tid()
+    s = bias[j]
+    for i in range(weight.shape[1]):
+        s += weight[j, i] * x[t, world, i]
+    z[t, world, j] = s
+
+
+@wp.kernel
+def _activation(z: wp.array3d(dtype=wp.float32), t: int, kind: int, scale: float, y: wp.array3d(dtype=wp.float32)):
+    """``y[t, w, j] = scale * act(z[t, w, j])``."""
+    world, j = wp.tid()
+    y[t, world, j] = scale * _activate(z[t, world, j], kind)
+
+
+@wp.kernel
+def _episode_flags(counter: wp.array(dtype=wp.int32), windows_per_episode: int, carry: wp.array(dtype=wp.int32)):
+    """1 when this iteration's window continues an episode, 0 at an episode's start."""
+    carry[0] = wp.where(counter[0] % windows_per_episode == 0, 0, 1)
+
+
+@dataclasses.dataclass
+class _Buffers:
+    """Per-step rows for one env: the observation, every layer's output, the action."""
+
+    layers: list[wp.array]  # [obs, hidden 1, ..., action], each (horizon, world_count, width)
+    pre: list[wp.array]  # every layer's pre-activation, (horizon, world_count, width)
+    carry: wp.array  # int32 (1,): continue the episode (1) or start a new one (0)
+
+
+class Policy(Task):
+    """An MLP from observation to action, the same weights for every world and step.
+
+    Args:
+        hidden: Widths of the hidden layers, e.g. ``[64, 64]``.
+        activation: ``tanh``, ``elu`` or ``relu`` (the hidden layers).
+        action_scale: The output layer is ``action_scale * tanh(.)``: actions stay within
+            ``+-action_scale`` in the env's units (N for the cartpole).
+        window: Steps per optimizer step during training (null: the env's horizon, full
+            backpropagation through time); must divide the env's horizon.
+        random_starts: Draw every world's initial state anew at each episode start during
+            training (true), or train from the env's own initial states (false).
+        seed: Seeds the initial weights.
+        init_scale: Multiplies the output layer's initial weights (small: the untrained
+            policy pushes gently).
+    """
+
+    name = "policy"
+
+    def __init__(
+        self,
+        *,
+        hidden: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        action_scale: float = 1.0,
+        window: int | None = None,
+        random_starts: bool = True,
+        seed: int = 0,
+        init_scale: float = 0.1,
+    ):
+        hidden = list(hidden) if not isinstance(hidden, int | str) else None
+        if hidden is None or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
+            raise schema.SchemaError("task.hidden: must be a list of layer widths >= 1, e.g. [64, 64]")
+        if activation not in ACTIVATIONS:
+            raise schema.SchemaError(
+                f"task.activation: '{activation}' is not accepted; accepted: {', '.join(ACTIVATIONS)}"
+            )
+        if not (isinstance(action_scale, int | float) and action_scale > 0):
+            raise schema.SchemaError(f"task.action_scale: must be a number > 0, got {action_scale!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise schema.SchemaError(f"task.window: must be null or an integer >= 1, got {window!r}")
+        if not isinstance(random_starts, bool):
+            raise schema.SchemaError(f"task.random_starts: expected true or false, got {random_starts!r}")
+        if not (isinstance(init_scale, int | float) and init_scale >= 0):
+            raise schema.SchemaError(f"task.init_scale: must be a number >= 0, got {init_scale!r}")
+        self.hidden = [int(h) for h in hidden]
+        self.activation = activation
+        self.action_scale = float(action_scale)
+        self.window = window
+        self.random_starts = random_starts
+        self.seed = int(seed)
+        self.init_scale = float(init_scale)
+        self._buffers: dict[int, _Buffers] = {}
+        self._key: wp.array | None = None
+        self._episode: int | None = None  # the env horizon an episode has in training (windows)
+
+    # -- shapes ------------------------------------------------------------------------
+
+    def check(self, config: EnvConfig) -> None:
+        if config.observation_dim() < 1 or config.action_dim() < 1:
+            raise ValueError(
+                "task: policy maps observations to actions, and this env offers "
+                f"{config.observation_dim()} observations and {config.action_dim()} actions per world; "
+                "accepted: an env with both (cartpole)"
+            )
+        if self.window is not None and (self.window > config.horizon or config.horizon % self.window):
+            raise ValueError(
+                f"task.window: {self.window} does not divide env.horizon={config.horizon}; "
+                "accepted: a divisor of the horizon, or null (the whole horizon)"
+            )
+
+    def training_config(self, config: EnvConfig) -> EnvConfig:
+        """The env trains one window at a time: its rollouts are ``window`` steps long, and
+        an episode lasts the configured horizon."""
+        if self.window is None or self.window == config.horizon:
+            return config
+        self._episode = config.horizon
+        return dataclasses.replace(config, horizon=self.window)
+
+    def widths(self, config: EnvConfig) -> list[int]:
+        """Observation width, hidden widths, action width."""
+        return [config.observation_dim(), *self.hidden, config.action_dim()]
+
+    def layer_names(self) -> list[str]:
+        return [*(f"l{k + 1}" for k in range(len(self.hidden))), "out"]
+
+    def parameter_shapes(self, config: EnvConfig) -> dict[str, tuple[int, ...]]:
+        widths = self.widths(config)
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, (fan_in, fan_out) in zip(self.layer_names(), itertools.pairwise(widths), strict=True):
+            shapes[f"{name}.weight"] = (fan_out, fan_in)
+            shapes[f"{name}.bias"] = (fan_out,)
+        return shapes
+
+    def parameter_specs(self, env: Env) -> list[ParamSpec]:
+        # PyTorch's nn.Linear default: weights and biases uniform in +-1/sqrt(fan_in).
+        rng = np.random.default_rng(self.seed)
+        specs = []
+        last = self.layer_names()[-1]
+        for name, shape in self.parameter_shapes(env.config).items():
+            bound = 1.0 / np.sqrt(self.parameter_shapes(env.config)[name.replace(".bias", ".weight")][1])
+            value = rng.uniform(-bound, bound, size=shape).astype(np.float32)
+            if name.startswith(f"{last}."):
+                value *= self.init_scale
+            specs.append(ParamSpec(name, shape, init=value, fd_step=1.0e-2))
+        return specs
+
+    # -- training mode -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def training(self, key: wp.array) -> Iterator[None]:
+        """Rollouts in this block train: fresh starts drawn with ``key`` (the iteration
+        counter), windows carried across iterations."""
+        previous = self._key
+        self._key = key
+        try:
+            yield
+        finally:
+            self._key = previous
+
+    def state(self, env: Env) -> dict[str, wp.array]:
+        """The env's carried state: a checkpoint holds it, so a run resumed mid-episode goes on
+        from where it stopped."""
+        return env.carried() if self._windowed(env) else {}
+
+    def _windowed(self, env: Env) -> bool:
+        return self._episode is not None and env.horizon < self._episode
+
+    # -- the rollout ---------------------------------------------------------------------
+
+    def buffers(self, env: Env) -> _Buffers:
+        found = self._buffers.get(id(env))
+        if found is None or found.layers[0].shape[:2] != (env.horizon, env.world_count):
+            rows = (env.horizon, env.world_count)
+            widths = self.widths(env.config)
+            layers = [wp.zeros((*rows, w), dtype=wp.float32, device=env.device, requires_grad=True) for w in widths]
+            pre = [wp.zeros((*rows, w), dtype=wp.float32, device=env.device, requires_grad=True) for w in widths[1:]]
+            found = _Buffers(layers=layers, pre=pre, carry=wp.zeros(1, dtype=wp.int32, device=env.device))
+            self._buffers[id(env)] = found
+        return found
+
+    def begin(self, env: Env, params: ParamSet) -> None:
+        buffers = self.buffers(env)
+        if self._key is None:
+            env.restore_initial()
+        elif self.random_starts or self._windowed(env):
+            if self.random_starts:
+                env.draw_initial(self._key)
+            else:
+                env.restore_initial()
+            if self._windowed(env):
+                per_episode = self._episode // env.horizon
+                wp.launch(_episode_flags, dim=1, inputs=[self._key, per_episode], outputs=[buffers.carry],
+                          device=env.device)  # fmt: skip
+                env.carry_final(buffers.carry)
+        env.reset()
+
+    def zero_grad(self, env: Env) -> None:
+        buffers = self.buffers(env)
+        for array in (*buffers.layers, *buffers.pre):
+            array.grad.zero_()
+
+    def act(self, env: Env, params: ParamSet, t: int) -> None:
+        buffers = self.buffers(env)
+        layers = buffers.layers
+        env.observe(t, layers[0][t])
+        names = self.layer_names()
+        for k, name in enumerate(names):
+            last = k == len(names) - 1
+            dim = (env.world_count, layers[k + 1].shape[2])
+            wp.launch(
+                _linear,
+                dim=dim,
+                inputs=[layers[k], t, params[f"{name}.weight"], params[f"{name}.bias"]],
+                outputs=[buffers.pre[k]],
+                device=env.device,
+            )
+            kind = ACTIVATIONS["tanh"] if last else ACTIVATIONS[self.activation]
+            wp.launch(
+                _activation,
+                dim=dim,
+                inputs=[buffers.pre[k], t, kind, self.action_scale if last else 1.0],
+                outputs=[layers[k + 1]],
+                device=env.device,
+            )
+        env.act(t, layers[-1])
+
+    def end(self, env: Env, params: ParamSet) -> None:
+        if self._key is not None and self._windowed(env):
+            env.keep_final()
+
+    def columns(self, params: ParamSet, loss: WeightedLoss) -> list[tuple[str, wp.array, int]]:
+        """``policy/window_cost``: the loss of each iteration's training window (the
+        negative of what SHAC calls the window's return)."""
+        return [("policy/window_cost", loss.total, 0)]
+
+    def rollout_actions(self, env: Env) -> wp.array:
+        """The actions of the latest rollout, ``(horizon, world_count, action_dim)``."""
+        return self.buffers(env).layers[-1]

@@ -1,0 +1,274 @@
+"""Recorded trajectories: ``python -m harness record`` writes them, ``task=sysid`` fits to them.
+
+A trajectory file is an ``.npz`` archive (numpy's), so data measured on a real system can
+be brought in by writing the same arrays. Shapes use ``H`` steps, ``W`` worlds (independent
+experiments), ``A`` the env's action width:
+
+``format``            ``"harness.trajectory/1"``
+``env``               the env's name (``cartpole``)
+``dt``                the step [s] the observations are ``dt`` apart by
+``controls``          float32 ``(H, W, A)``: the input applied at step ``t`` (cartpole: cart force [N])
+``obs/<name>``        float32 ``(H, W, dim)``: observable ``<name>`` after step ``t`` (cartpole:
+                      ``joint_q`` cart position [m] and pole angles [rad], ``joint_qd`` their rates)
+``initial/<field>``   float32 ``(W, k)``: each world's state before step 0 (cartpole:
+                      ``joint_q`` and ``joint_qd``, 3 entries each)
+``noise_std``         the standard deviation of the Gaussian noise added to every ``obs``
+                      entry (0 for a clean recording; informational)
+``excitation``        how ``controls`` were made (text; informational)
+``quantities/<name>`` the true values of the env's quantities while recording (informational:
+                      a fit never reads them; tests compare with them)
+
+Every array except the informational ones is checked when a run loads a file, with a
+one-line refusal naming the file and what does not fit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "FORMAT",
+    "Reference",
+    "ReferenceError",
+    "excitation",
+    "load_reference",
+    "save_trajectory",
+]
+
+FORMAT = "harness.trajectory/1"
+"""The ``format`` entry this version writes and reads."""
+
+
+class ReferenceError(ValueError):
+    """A trajectory file that cannot be used: one line naming the file and what is wrong."""
+
+
+@dataclass
+class Reference:
+    """A loaded, checked trajectory (host arrays)."""
+
+    path: Path
+    env: str
+    dt: float
+    controls: np.ndarray
+    observed: dict[str, np.ndarray]
+    initial: dict[str, np.ndarray]
+    noise_std: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return int(self.controls.shape[0])
+
+    @property
+    def worlds(self) -> int:
+        return int(self.controls.shape[1])
+
+
+EXCITATION_HZ = (0.5, 1.0, 2.0, 3.5, 5.0)
+"""Frequencies of the multisine excitation [Hz]."""
+
+
+def excitation(steps: int, worlds: int, action_dim: int, dt: float, *, amplitude: float, seed: int) -> np.ndarray:
+    """A multisine input ``(steps, worlds, action_dim)``: five sines at 0.5, 1, 2, 3.5 and 5 Hz
+    with phases drawn per world and action (seeded), scaled so every channel's peak is
+    ``amplitude``. A sum of sines over a decade of frequency excites the slow (pendulum) and
+    fast (cart) motion alike, which is what makes masses identifiable from one record
+    (multisines as identification inputs: Ljung, System Identification: Theory for the User,
+    2nd ed., ch. 13)."""
+    rng = np.random.default_rng(seed)
+    time = np.arange(steps)[:, None, None] * dt
+    signal = np.zeros((steps, worlds, action_dim))
+    for f in EXCITATION_HZ:
+        phase = rng.uniform(0.0, 2.0 * math.pi, size=(1, worlds, action_dim))
+        signal += np.sin(2.0 * math.pi * f * time + phase)
+    peak = np.abs(signal).max(axis=0, keepdims=True)
+    return (amplitude * signal / np.maximum(peak, 1e-12)).astype(np.float32)
+
+
+def save_trajectory(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` (the arrays of the module docstring) atomically: a temporary file in
+    the same folder, then a rename, so an existing file is never left half written."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        np.savez(handle, **{key: np.asarray(value) for key, value in payload.items()})
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+
+
+def load_reference(
+    path: str | Path,
+    *,
+    env: str,
+    dt: float,
+    observables: dict[str, int],
+    action_dim: int,
+    field: str = "task.reference",
+) -> Reference:
+    """Load and check a trajectory file against an env (its name, dt, observable widths and action width).
+
+    Raises:
+        ReferenceError: One line: not a file, not an npz archive, a missing array, another
+            env, another dt, arrays of the wrong shape or with non-finite values.
+    """
+    path = Path(path)
+    where = f"{field}: '{path}'"
+    if not path.is_file():
+        raise ReferenceError(f"{where} is not a file; accepted: a trajectory written by python -m harness record")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+        raise ReferenceError(f"{where} is not an npz trajectory file ({type(exc).__name__})") from None
+    for key in ("format", "env", "dt", "controls"):
+        if key not in arrays:
+            raise ReferenceError(
+                f"{where} lacks the array '{key}'; a trajectory holds format, env, dt, controls, "
+                "obs/<name>, initial/<field> (docs/sysid.md)"
+            )
+    if str(arrays["format"]) != FORMAT:
+        raise ReferenceError(f"{where} has format '{arrays['format']}'; accepted: '{FORMAT}'")
+    if str(arrays["env"]) != env:
+        raise ReferenceError(f"{where} was recorded from env '{arrays['env']}'; this run's env is '{env}'")
+    recorded_dt = float(arrays["dt"])
+    if not math.isclose(recorded_dt, dt, rel_tol=1e-6):
+        raise ReferenceError(
+            f"{where} has dt={recorded_dt:g} s; env.dt is {dt:g} s; accepted: a trajectory recorded at the env's dt"
+        )
+    controls = arrays["controls"]
+    if controls.ndim != 3 or controls.shape[2] != action_dim or 0 in controls.shape:
+        raise ReferenceError(
+            f"{where}: controls has shape {controls.shape}; accepted: (steps, worlds, {action_dim}) for this env"
+        )
+    steps, worlds = controls.shape[:2]
+    observed = {key[4:]: value for key, value in arrays.items() if key.startswith("obs/")}
+    if not observed:
+        raise ReferenceError(f"{where} has no obs/<name> arrays; accepted: one or more of {sorted(observables)}")
+    for name, value in observed.items():
+        if name not in observables:
+            raise ReferenceError(
+                f"{where}: obs/{name} is not an observable of env '{env}'; accepted: {sorted(observables)}"
+            )
+        want = (steps, worlds, observables[name])
+        if value.shape != want:
+            raise ReferenceError(f"{where}: obs/{name} has shape {value.shape}; accepted: {want} (as controls)")
+    initial = {key[8:]: value for key, value in arrays.items() if key.startswith("initial/")}
+    if not initial:
+        raise ReferenceError(f"{where} has no initial/<field> arrays (each world's state before step 0)")
+    for name, value in initial.items():
+        if value.ndim != 2 or value.shape[0] != worlds:
+            raise ReferenceError(f"{where}: initial/{name} has shape {value.shape}; accepted: ({worlds}, k)")
+    for name, value in [("controls", controls), *((f"obs/{k}", v) for k, v in observed.items()),
+                        *((f"initial/{k}", v) for k, v in initial.items())]:  # fmt: skip
+        if not np.issubdtype(value.dtype, np.number) or not np.all(np.isfinite(value)):
+            raise ReferenceError(f"{where}: {name} holds non-finite or non-numeric values")
+    return Reference(
+        path=path,
+        env=env,
+        dt=recorded_dt,
+        controls=controls.astype(np.float32),
+        observed={k: v.astype(np.float32) for k, v in observed.items()},
+        initial={k: v.astype(np.float32) for k, v in initial.items()},
+        noise_std=float(arrays.get("noise_std", 0.0)),
+    )
+
+
+def record(
+    overrides: list[str], out: Path, *, amplitude: float = 10.0, noise: float = 0.0, device: str | None = None
+) -> dict[str, Any]:
+    """``python -m harness record +env=NAME [env.<field>=V ...] out=PATH``: simulate the env
+    driven by a multisine (:func:`excitation`) from its own initial states and write the
+    trajectory file (the module docstring), with Gaussian noise of standard deviation
+    ``noise`` added to every observation (seeded by the run seed).
+
+    Returns:
+        What was written: path, steps, worlds, observables, noise, the env's quantities.
+
+    Raises:
+        ReferenceError: One line: a config that does not compose or validate, an env without
+            actions or initial state, an output path that cannot be written.
+    """
+    import warp as wp
+
+    from harness import config
+    from harness.tasks.base import Task, rollout
+
+    out = Path(out)
+    if out.is_dir() or not out.parent.is_dir():
+        raise ReferenceError(f"out: '{out}' is not a file in an existing folder; accepted: out=<folder>/<name>.npz")
+    try:
+        cfg, _choices = config.compose_config("train", [*overrides, *([f"device={device}"] if device else [])])
+        env = config.build_env(cfg, config.check_device(cfg.get("device")))
+    except config.ConfigError as exc:
+        raise ReferenceError(f"record: {exc}") from None
+    if env.action_dim < 1:
+        raise ReferenceError(f"record: env '{env.name}' takes no actions; accepted: an env with inputs to excite")
+    try:
+        initial = env.initial_state()
+    except NotImplementedError as exc:
+        raise ReferenceError(f"record: {exc}") from None
+    seed = int(cfg.get("seed", 0))
+    controls = excitation(env.horizon, env.world_count, env.action_dim, env.dt, amplitude=amplitude, seed=seed)
+    inputs = wp.array(controls, dtype=wp.float32, device=env.device)
+
+    class _Replay(Task):
+        name = "replay"
+
+        def parameter_shapes(self, config: Any) -> dict[str, tuple[int, ...]]:
+            return {}
+
+        def parameter_specs(self, env: Any) -> list:
+            return []
+
+        def begin(self, env: Any, params: Any) -> None:
+            env.reset()
+
+        def act(self, env: Any, params: Any, t: int) -> None:
+            env.act(t, inputs)
+
+    env.request(dict.fromkeys(env.observables, "all"))
+    trajectory = rollout(env, _Replay(), None)
+    rng = np.random.default_rng(seed + 1)
+    payload: dict[str, Any] = {
+        "format": FORMAT,
+        "env": env.name,
+        "dt": float(env.dt),
+        "controls": controls,
+        "noise_std": float(noise),
+        "excitation": f"multisine {', '.join(f'{f:g}' for f in EXCITATION_HZ)} Hz, peak {amplitude:g}, seed {seed}",
+    }
+    observed = []
+    for name, array in trajectory.items():
+        value = array.numpy().astype(np.float32)
+        if name == "controls" or value.shape[:2] != (env.horizon, env.world_count):
+            continue  # the inputs are stored once, as controls; last-step-only observables are not a trajectory
+        if noise > 0:
+            value = value + rng.normal(0.0, noise, size=value.shape).astype(np.float32)
+        payload[f"obs/{name}"] = value
+        observed.append(name)
+    for name, array in initial.items():
+        payload[f"initial/{name}"] = array.numpy().astype(np.float32).reshape(env.world_count, -1)
+    quantities = {}
+    for name in env.config.quantities():
+        quantities[name] = env.quantity_value(name)
+        payload[f"quantities/{name}"] = quantities[name]
+    try:
+        save_trajectory(out, payload)
+    except OSError as exc:
+        raise ReferenceError(f"out: cannot write '{out}' ({exc.strerror or exc})") from None
+    return {
+        "path": str(out),
+        "steps": env.horizon,
+        "worlds": env.world_count,
+        "observables": observed,
+        "noise_std": float(noise),
+        "quantities": {k: np.asarray(v).tolist() for k, v in quantities.items()},
+    }

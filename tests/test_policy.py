@@ -1,0 +1,257 @@
+"""task=policy: an MLP policy through the cartpole, trained over drawn starts and in windows.
+
+Gradients against finite differences, capture bit for bit (draws and carried windows
+included), the draws (reproducible, fresh per episode, the env's own outside training),
+windows that continue the episode, resume mid-episode bit for bit, TensorBoard tags, and
+the one-line refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import warp as wp
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from envs.cartpole import CartpoleConfig, CartpoleEnv, upright_fraction
+from harness.clip import clip_by_global_norm
+from harness.gradcheck import check_gradients
+from harness.losses import WeightedLoss
+from harness.optim import adam
+from harness.tasks import Policy, prepare, rollout
+from harness.training import Trainer, TrainSettings
+from harness.training.step import check_capture
+from tests.helpers import UPRIGHT_TERMS, run_harness
+
+
+def small_policy(**kw) -> Policy:
+    kw.setdefault("hidden", [8, 8])
+    kw.setdefault("action_scale", 20.0)
+    kw.setdefault("init_scale", 1.0)
+    return Policy(**kw)
+
+
+def env_for(task: Policy, **fields) -> CartpoleEnv:
+    """The env a training run builds for ``task`` (windows shorten its rollouts)."""
+    fields.setdefault("world_count", 2)
+    return CartpoleEnv(task.training_config(CartpoleConfig(**fields)), device="cpu")
+
+
+def trainer(task: Policy, *, iterations: int = 6, capture: bool = True, resume: str | None = None, **fields) -> Trainer:
+    return Trainer(
+        env=env_for(task, **fields),
+        loss=WeightedLoss(UPRIGHT_TERMS),
+        optimizer=adam(1e-2),
+        clip=clip_by_global_norm(1.0),
+        settings=TrainSettings(
+            iterations=iterations,
+            log_every=3,
+            seed=0,
+            device="cpu",
+            capture=capture,
+            checkpoint_every=3,
+            resume=resume,
+        ),
+        task=task,
+    )
+
+
+def test_policy_gradients_match_finite_differences():
+    task = small_policy(activation="elu")
+    env = env_for(task, horizon=12, world_count=2, tilt=0.1)
+    result, params = check_gradients(env, WeightedLoss(UPRIGHT_TERMS), samples=12, seed=1, device="cpu", task=task)
+    assert result.passed, result.table(params)
+
+
+def test_each_step_keeps_its_own_activations():
+    """Backward needs every step's activations: the per-step rows all differ after a rollout
+    (one shared buffer would hold the last step's only)."""
+    task = small_policy()
+    env = env_for(task, horizon=6, tilt=0.2)
+    loss = WeightedLoss(UPRIGHT_TERMS)
+    params = prepare(env, task, loss)
+    rollout(env, task, params)
+    hidden = task.buffers(env).layers[1].numpy()
+    assert all(not np.array_equal(hidden[t], hidden[t + 1]) for t in range(5))
+
+
+def test_captured_policy_rollout_matches_eager_bit_for_bit():
+    task = small_policy()
+    env = env_for(task, horizon=8)
+    check_capture(env, WeightedLoss(UPRIGHT_TERMS), task, device="cpu")
+
+
+def test_captured_training_with_draws_and_windows_matches_eager_bit_for_bit(tmp_path):
+    """Fresh draws per episode and carried windows read the device counter: a replayed graph
+    trains exactly as eager iterations do."""
+    runs = {}
+    for capture in (False, True):
+        t = trainer(small_policy(window=4), iterations=7, capture=capture, horizon=12)
+        t.fit(tmp_path / str(capture))
+        assert (t.step.graph is not None) == capture
+        runs[capture] = {k: v.numpy() for k, v in t.state.arrays().items()}
+    assert "task/joint_q" in runs[True]  # the carried state is part of the training state
+    for key, value in runs[False].items():
+        np.testing.assert_array_equal(value, runs[True][key], err_msg=key)
+
+
+def test_draws_are_reproducible_fresh_per_key_and_outside_training_the_env_own():
+    task = small_policy()
+    env = env_for(task, horizon=4, world_count=5, tilt=0.2, seed=3)
+    own = env.initial_state()["joint_q"].numpy().copy()
+    key = wp.zeros(1, dtype=wp.int32, device="cpu")
+    drawn = []
+    for k in (0, 1, 0):
+        key.fill_(k)
+        env.draw_initial(key)
+        drawn.append(env.initial_state()["joint_q"].numpy().reshape(5, 3).copy())
+    np.testing.assert_array_equal(drawn[0], drawn[2])  # same seed and key: same states
+    assert not np.array_equal(drawn[0], drawn[1])
+    assert np.all(drawn[0][:, 0] == 0.0) and np.all(np.abs(drawn[0][:, 1:]) <= 0.2)
+    assert len(np.unique(drawn[0][:, 1])) == 5  # every world its own tilt
+    env.restore_initial()
+    np.testing.assert_array_equal(env.initial_state()["joint_q"].numpy(), own)
+
+
+def test_windows_continue_the_episode_and_a_new_episode_starts_fresh():
+    """horizon 12, window 4: iterations 1 and 2 start where the previous window ended,
+    iteration 3 starts a new episode from a fresh draw."""
+    t = trainer(small_policy(window=4), iterations=1, capture=False, horizon=12)
+    env, step = t.env, t.step
+    assert env.horizon == 4
+    starts, ends = [], []
+    for it in range(4):
+        step.set_iteration(it)
+        step.iteration()
+        starts.append(env.state(0).joint_q.numpy().copy())
+        ends.append(env.state(4).joint_q.numpy().copy())
+    np.testing.assert_array_equal(starts[1], ends[0])
+    np.testing.assert_array_equal(starts[2], ends[1])
+    assert not np.array_equal(starts[3], ends[2])
+    assert np.all(starts[3].reshape(2, 3)[:, 0] == 0.0)  # a drawn start: the cart at the centre
+
+
+def test_evaluation_rollouts_start_from_the_env_own_states_and_do_not_disturb_training(tmp_path):
+    t = trainer(small_policy(window=4), iterations=2, capture=False, horizon=12)
+    t.fit(tmp_path / "run")
+    env = t.env
+    carried = env.carried()["joint_q"].numpy().copy()
+    t.step.evaluate()
+    np.testing.assert_array_equal(env.state(0).joint_q.numpy(), env._built_state["joint_q"].numpy())
+    np.testing.assert_array_equal(env.carried()["joint_q"].numpy(), carried)
+
+
+def test_resume_mid_episode_matches_an_uninterrupted_run_bit_for_bit(tmp_path):
+    """The checkpoint holds the carried state: 3 iterations, stop, resume to 7 equals 7 in one go
+    (window 4 of a 12-step episode: iteration 3 is mid-episode)."""
+    whole = trainer(small_policy(window=4), iterations=7, horizon=12)
+    whole.fit(tmp_path / "whole")
+    first = trainer(small_policy(window=4), iterations=4, horizon=12)
+    first.fit(tmp_path / "split")
+    resumed = trainer(small_policy(window=4), iterations=7, horizon=12, resume="auto")
+    resumed.fit(tmp_path / "split")
+    for key, value in whole.state.arrays().items():
+        np.testing.assert_array_equal(value.numpy(), resumed.state.arrays()[key].numpy(), err_msg=key)
+
+
+def test_tensorboard_shows_window_cost_actions_and_per_layer_gradient_norms(tmp_path):
+    t = trainer(small_policy(), iterations=3, horizon=6)
+    t.fit(tmp_path / "run")
+    acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    scalars, histograms = set(acc.Tags()["scalars"]), set(acc.Tags()["histograms"])
+    assert {"policy/window_cost", "policy/action_abs_mean", "policy/saturated_fraction"} <= scalars
+    assert {"optim/grad_norm_pre/l1.weight", "optim/grad_norm_pre/out.bias"} <= scalars
+    assert "policy/actions" in histograms
+    cost = [e.value for e in acc.Scalars("policy/window_cost")]
+    total = [e.value for e in acc.Scalars("loss/total")]
+    assert cost == total and len(cost) == 3
+    actions = acc.Histograms("policy/actions")[-1].histogram_value
+    assert actions.num == 6 * 2 and -20.0 <= actions.min <= actions.max <= 20.0
+
+
+def test_upright_fraction_counts_worlds_upright_over_the_last_quarter():
+    q = np.zeros((8, 4, 3))
+    q[:, 1, 1] = 0.3  # world 1 tilted throughout
+    q[7, 2, 2] = -0.25  # world 2 falls at the end
+    q[:5, 3, 1] = 1.0  # world 3 recovers before the last quarter
+    assert upright_fraction(q) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("args", "field", "accepted"),
+    [
+        (["task.window=5"], "task.window", "divisor"),
+        (["task.activation=gelu"], "task.activation", "tanh"),
+        (["task.hidden=[0]"], "task.hidden", ">= 1"),
+        (["task.action_scale=0"], "task.action_scale", "> 0"),
+    ],
+    ids=["window", "activation", "hidden", "action_scale"],
+)
+def test_bad_policy_settings_are_refused_in_one_line(tmp_path, args, field, accepted):
+    proc = run_harness(
+        "train", "+env=cartpole", "task=policy", "env.horizon=12", "iterations=1", *args, cwd=tmp_path, timeout=120
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "CUDA" not in line]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert field in lines[0] and accepted in lines[0], lines[0]
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_policy_on_an_env_without_observations_is_refused(tmp_path):
+    proc = run_harness("train", "+env=ball", "task=policy", "iterations=1", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert "task: policy maps observations to actions" in proc.stderr
+
+
+@pytest.mark.parametrize("segment_steps", [3, 5])
+def test_policy_gradients_in_segments_are_the_full_tapes_bit_for_bit(segment_steps):
+    """memory.segment_steps with a policy (training mode: drawn starts) gives the full
+    tape's gradient exactly."""
+    from harness.memory import segmented_forward_backward
+    from harness.training.step import record_rollout, zero_grads
+
+    found = {}
+    for steps in (None, segment_steps):
+        task = small_policy()
+        kw = {} if steps is None else {"segment_steps": steps}
+        env = CartpoleEnv(CartpoleConfig(horizon=12, world_count=2), device="cpu", **kw)
+        loss = WeightedLoss(UPRIGHT_TERMS)
+        params = prepare(env, task, loss, device="cpu")
+        key = wp.array([5], dtype=wp.int32, device="cpu")
+        zero_grads(env, loss, params, task)
+        with task.training(key):
+            if steps is None:
+                tape, _, total = record_rollout(env, task, loss, params)
+                tape.backward(total)
+            else:
+                _, _, total = segmented_forward_backward(env, task, loss, params)
+        found[steps] = (total.numpy().copy(), params.grad.numpy().copy())
+    np.testing.assert_array_equal(found[None][0], found[segment_steps][0])
+    np.testing.assert_array_equal(found[None][1], found[segment_steps][1])
+    assert np.abs(found[None][1]).max() > 0
+
+
+def test_task_settings_per_env_apply_under_the_command_line():
+    """task/policy.yaml's per_env block sets the cartpole's training settings; a value on
+    the command line still wins, and other tasks are untouched."""
+    from harness import config
+
+    cfg, _ = config.compose_config("train", ["+env=cartpole", "task=policy"])
+    assert (cfg.env.horizon, cfg.env.tilt, cfg.env.world_count) == (480, 0.1, 32)
+    assert "per_env" not in cfg.task  # consumed: the task is built without it
+    cfg, _ = config.compose_config("train", ["+env=cartpole", "task=policy", "env.horizon=240", "iterations=7"])
+    assert (cfg.env.horizon, cfg.env.tilt, cfg.iterations) == (240, 0.1, 7)
+    cfg, _ = config.compose_config("train", ["+env=cartpole"])
+    assert (cfg.env.horizon, cfg.env.tilt, cfg.env.world_count, cfg.iterations) == (240, 0.2, 4, 100)
+
+
+@pytest.mark.slow
+def test_a_windowed_policy_run_renders_despite_the_carried_state_in_its_checkpoint(tmp_path):
+    """The checkpoint holds the state training carried between windows; render, which rolls
+    whole episodes from the env's own starts, loads it without that state."""
+    args = ["task.hidden=[8]", "env.horizon=24", "task.window=8", "env.world_count=2", "iterations=3"]
+    proc = run_harness("train", "+env=cartpole", "task=policy", *args, "hydra.run.dir=run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_harness("render", "run", "frames=4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "run" / "render" / "rollout.png").is_file() and "4 frames" in proc.stdout
