@@ -475,23 +475,21 @@ def compose_config(config_name: str, overrides: list[str]) -> tuple[DictConfig, 
     return cfg, choices
 
 
-def precheck(config_name: str, args: list[str]) -> Path | None:
-    """Validate a command line before Hydra creates any folder.
-
-    Checks the override syntax, every config-group choice, composes the config (with
-    only the values shared by all jobs in a multirun), validates it, checks that the
-    output folder can be written and that a checkpoint to resume from fits this run, all
-    before any kernel compiles. Then, for a single run, builds the env (kept for the run:
-    :func:`build_env`), so a user's env that raises while building writes nothing either.
-    Raises :class:`ConfigError` with one line.
+def compose_command(
+    config_name: str, overrides: list[str], *, multirun: bool = False
+) -> tuple[DictConfig, dict[str, Any], list[Any]]:
+    """:func:`compose_config` for a command line, with one-line errors: the override syntax,
+    every config-group choice, keys that do not exist. In a multirun only the values shared
+    by all jobs are composed (the sweeps are checked as choices).
 
     Returns:
-        The run folder a ``resume=<path>`` continues in, else None.
+        The config, the group choices and the parsed overrides.
+
+    Raises:
+        ConfigError: One line naming the override and what is accepted.
     """
     from hydra.errors import HydraException
 
-    multirun = any(a in ("-m", "--multirun") for a in args)
-    overrides = [a for a in args if not a.startswith("-")]
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as exc:
@@ -506,6 +504,25 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
         cfg, choices = compose_config(config_name, shared)
     except HydraException as exc:
         raise ConfigError(_explain_override(config_name, shared, exc)) from None
+    return cfg, choices, parsed
+
+
+def precheck(config_name: str, args: list[str]) -> Path | None:
+    """Validate a command line before Hydra creates any folder.
+
+    Checks the override syntax, every config-group choice, composes the config (with
+    only the values shared by all jobs in a multirun), validates it, checks that the
+    output folder can be written and that a checkpoint to resume from fits this run, all
+    before any kernel compiles. Then, for a single run, builds the env (kept for the run:
+    :func:`build_env`), so a user's env that raises while building writes nothing either.
+    Raises :class:`ConfigError` with one line.
+
+    Returns:
+        The run folder a ``resume=<path>`` continues in, else None.
+    """
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    overrides = [a for a in args if not a.startswith("-")]
+    cfg, choices, parsed = compose_command(config_name, overrides, multirun=multirun)
     run = validate(cfg, choices)
     given = {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
     field = "hydra.sweep.dir" if multirun else "hydra.run.dir"

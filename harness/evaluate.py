@@ -94,7 +94,7 @@ def evaluate_run(
         raise EvaluateError(str(exc)) from None
     device_override = [f"device={device}"] if device else []
     try:
-        cfg, choices = config.compose_config("train", [*saved_overrides, *overrides, *device_override])
+        cfg, choices, _ = config.compose_command("train", [*saved_overrides, *overrides, *device_override])
         run = config.validate(cfg, choices)
         env = config.build_env(cfg, run.settings.device, task=run.task, evaluation=True)  # whole horizon, no windows
     except config.ConfigError as exc:

@@ -205,7 +205,7 @@ def record(
     if out.is_dir() or not out.parent.is_dir():
         raise ReferenceError(f"out: '{out}' is not a file in an existing folder; accepted: out=<folder>/<name>.npz")
     try:
-        cfg, _choices = config.compose_config("train", [*overrides, *([f"device={device}"] if device else [])])
+        cfg, _choices, _ = config.compose_command("train", [*overrides, *([f"device={device}"] if device else [])])
         env = config.build_env(cfg, config.check_device(cfg.get("device")))
     except config.ConfigError as exc:
         raise ReferenceError(f"record: {exc}") from None

@@ -89,6 +89,7 @@ def test_a_sysid_run_is_evaluated_on_its_recording(tmp_path):
     assert report["loss"] == summary["final_loss"] and report["env"]["horizon"] == 8
 
 
+@pytest.mark.slow
 def test_a_newton_port_with_a_quantity_task_is_evaluated(tmp_path):
     train(tmp_path, "ball", "+env=ball", "env.horizon=24")
     proc = evaluate(tmp_path, "ball", "env.target=[0.5,-2.0,1.5]", "out=moved.json")
@@ -111,8 +112,9 @@ def test_a_newton_port_with_a_quantity_task_is_evaluated(tmp_path):
         (["policy", "out=missing/eval.json"], ("out: 'missing/eval.json'",)),
         (["policy", "env.world_count=0"], ("env.world_count", ">= 1")),
         (["policy", "checkpoint=nope.hckpt"], ("checkpoint",)),
+        (["policy", "env.bogus=3"], ("env.bogus: no such key in env", "tilt")),
     ],
-    ids=["not_env", "no_folder", "no_args", "bad_out", "bad_env_value", "bad_checkpoint"],
+    ids=["not_env", "no_folder", "no_args", "bad_out", "bad_env_value", "bad_checkpoint", "unknown_env_key"],
 )
 def test_bad_evaluate_arguments_are_refused_in_one_line_and_write_nothing(policy_run, args, parts):
     written = policy_run / "policy" / "eval.json"

@@ -184,23 +184,30 @@ def test_upright_fraction_counts_worlds_upright_over_the_last_quarter():
         (["task.activation=gelu"], "task.activation", "tanh"),
         (["task.hidden=[0]"], "task.hidden", ">= 1"),
         (["task.action_scale=0"], "task.action_scale", "> 0"),
+        (["+env=ball"], "task: policy maps observations to actions", "cartpole"),
     ],
-    ids=["window", "activation", "hidden", "action_scale"],
+    ids=["window", "activation", "hidden", "action_scale", "env_without_observations"],
 )
-def test_bad_policy_settings_are_refused_in_one_line(tmp_path, args, field, accepted):
-    proc = run_harness(
-        "train", "+env=cartpole", "task=policy", "env.horizon=12", "iterations=1", *args, cwd=tmp_path, timeout=120
-    )
+def test_bad_policy_settings_are_refused_in_one_line(args, field, accepted):
+    """Checked where every command validates its config (tests/test_errors.py covers the
+    command line's exit 2 and that nothing is written, for this same ConfigError)."""
+    from harness import config
+
+    env = [a for a in args if a.startswith("+env=")] or ["+env=cartpole"]
+    rest = [a for a in args if not a.startswith("+env=")]
+    cfg, choices = config.compose_config("train", [*env, "task=policy", "env.horizon=12", *rest])
+    with pytest.raises(config.ConfigError) as caught:
+        config.validate(cfg, choices)
+    line = str(caught.value)
+    assert "\n" not in line and field in line and accepted in line, line
+
+
+def test_a_bad_policy_setting_stops_the_command_with_exit_2_before_anything_is_written(tmp_path):
+    proc = run_harness("train", "+env=cartpole", "task=policy", "task.window=5", "env.horizon=12", cwd=tmp_path)
     lines = [line for line in proc.stderr.splitlines() if line.strip() and "CUDA" not in line]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert field in lines[0] and accepted in lines[0], lines[0]
+    assert lines[0].startswith("error: task.window: 5 does not divide env.horizon=12")
     assert not (tmp_path / "outputs").exists()
-
-
-def test_policy_on_an_env_without_observations_is_refused(tmp_path):
-    proc = run_harness("train", "+env=ball", "task=policy", "iterations=1", cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2
-    assert "task: policy maps observations to actions" in proc.stderr
 
 
 @pytest.mark.parametrize("segment_steps", [3, 5])

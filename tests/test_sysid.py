@@ -167,6 +167,9 @@ def test_record_refuses_bad_options_and_keeps_an_existing_file(tmp_path):
     assert proc.returncode == 2 and "+env=cartpole" in proc.stderr
     proc = run_harness("record", "+env=ball", "out=keep.npz", cwd=tmp_path, timeout=120)
     assert proc.returncode == 2 and "takes no actions" in proc.stderr
+    proc = run_harness("record", "+env=cartpole", "bogus=1", "out=keep.npz", cwd=tmp_path, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "CUDA" not in line]
+    assert proc.returncode == 2 and lines == [lines[0]] and "record: bogus: no such key" in lines[0], proc.stderr
     assert existing.read_bytes() == b"precious"
 
 
