@@ -78,6 +78,7 @@ def test_open_loop_overrides_that_change_shapes_are_refused_and_others_accepted(
     assert json.loads((tmp_path / "open" / "eval.json").read_text())["env"]["seed"] == 3
 
 
+@pytest.mark.slow
 def test_a_sysid_run_is_evaluated_on_its_recording(tmp_path):
     proc = run_harness("record", "+env=cartpole", "env.horizon=8", "env.world_count=2", "out=t.npz", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
