@@ -167,8 +167,11 @@ def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:
         (run_dir / "config.yaml").write_text(config.resolved_yaml(cfg))
     try:
         trainer = run.trainer()
-    except CaptureError as exc:
-        _fail(exc)
+    except (
+        CaptureError,
+        ValueError,
+    ) as exc:  # ValueError: a task's check against the built env (a recording's initial state)
+        _fail(ValueError(str(exc).splitlines()[0]))
     return trainer
 
 

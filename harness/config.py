@@ -253,6 +253,12 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
     except ValueError as exc:
         raise ConfigError(_first_line(exc)) from None
     steps = segment_steps(cfg, env_class, task.training_config(env_fields))
+    window = getattr(task, "window", None)
+    if steps is not None and window is not None and window < env_fields.horizon:
+        raise ConfigError(
+            f"memory.segment_steps: task.window={window} carries the state between windows, which a segmented "
+            "rollout does not yet support; accepted: memory.segment_steps=null, or task.window=null"
+        )
     if settings.capture is True and not getattr(env_class, "capturable", True):
         note = getattr(env_class, "capture_note", "") or "it declares capturable = False"
         raise ConfigError(

@@ -294,6 +294,10 @@ class Env(abc.ABC):
         world, ``task=sysid`` writes a recording's into them)."""
         raise NotImplementedError(f"env '{self.name}' does not expose its initial state")
 
+    def keep_built_initial(self) -> None:  # noqa: B027  (nothing to keep unless the env draws or carries)
+        """Keep the initial state as built, once, before :meth:`draw_initial` or :meth:`carry_final`
+        first replaces it (what :meth:`restore_initial` puts back)."""
+
     def restore_initial(self) -> None:  # noqa: B027  (nothing to restore unless drawn or carried)
         """Put back the initial state the env was built with, after :meth:`draw_initial` or
         :meth:`carry_final` replaced it (evaluation starts from the env's own states)."""

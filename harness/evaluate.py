@@ -70,6 +70,7 @@ def evaluate_run(
             break, shapes the overrides change, an output path that cannot be written.
     """
     import warp as wp
+    from omegaconf import open_dict
 
     from harness import checkpoint as ckpt
     from harness import config
@@ -95,6 +96,10 @@ def evaluate_run(
     device_override = [f"device={device}"] if device else []
     try:
         cfg, choices, _ = config.compose_command("train", [*saved_overrides, *overrides, *device_override])
+        with open_dict(cfg):  # how the run trained (windows, segments) does not bind an evaluation
+            cfg.memory.segment_steps = None
+            if "window" in cfg.task:
+                cfg.task.window = None
         run = config.validate(cfg, choices)
         env = config.build_env(cfg, run.settings.device, task=run.task, evaluation=True)  # whole horizon, no windows
     except config.ConfigError as exc:

@@ -40,8 +40,12 @@ class WarmKernelCache(Callback):
         cfg = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
         with open_dict(cfg):
             cfg.pop("hydra", None)
+        harness_config.apply_task_env_defaults(cfg, choices, [])
+        with open_dict(cfg):
             cfg.env.horizon = 1
             cfg.env.world_count = 1
+            if "window" in cfg.task:  # one step: no windows
+                cfg.task.window = None
         start = time.perf_counter()
         try:
             run = harness_config.build_run(cfg, choices)

@@ -132,13 +132,16 @@ def load_reference(
         if key not in arrays:
             raise ReferenceError(
                 f"{where} lacks the array '{key}'; a trajectory holds format, env, dt, controls, "
-                "obs/<name>, initial/<field> (docs/sysid.md)"
+                "obs/<name>, initial/<field> (docs/tasks.md, Recordings)"
             )
     if str(arrays["format"]) != FORMAT:
         raise ReferenceError(f"{where} has format '{arrays['format']}'; accepted: '{FORMAT}'")
     if str(arrays["env"]) != env:
         raise ReferenceError(f"{where} was recorded from env '{arrays['env']}'; this run's env is '{env}'")
-    recorded_dt = float(arrays["dt"])
+    try:
+        recorded_dt = float(np.asarray(arrays["dt"], dtype=np.float64).item())
+    except (TypeError, ValueError):
+        raise ReferenceError(f"{where}: dt is not one number; accepted: the step in seconds") from None
     if not math.isclose(recorded_dt, dt, rel_tol=1e-6):
         raise ReferenceError(
             f"{where} has dt={recorded_dt:g} s; env.dt is {dt:g} s; accepted: a trajectory recorded at the env's dt"
@@ -177,7 +180,9 @@ def load_reference(
         controls=controls.astype(np.float32),
         observed={k: v.astype(np.float32) for k, v in observed.items()},
         initial={k: v.astype(np.float32) for k, v in initial.items()},
-        noise_std=float(arrays.get("noise_std", 0.0)),
+        noise_std=float(np.asarray(arrays.get("noise_std", 0.0), dtype=np.float64).ravel()[0])
+        if np.size(arrays.get("noise_std", 0.0)) == 1
+        else 0.0,
     )
 
 

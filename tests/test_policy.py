@@ -132,11 +132,12 @@ def test_windows_continue_the_episode_and_a_new_episode_starts_fresh():
 
 def test_evaluation_rollouts_start_from_the_env_own_states_and_do_not_disturb_training(tmp_path):
     t = trainer(small_policy(window=4), iterations=2, capture=False, horizon=12)
-    t.fit(tmp_path / "run")
     env = t.env
+    built = env.initial_state()["joint_q"].numpy().copy()
+    t.fit(tmp_path / "run")
     carried = env.carried()["joint_q"].numpy().copy()
     t.step.evaluate()
-    np.testing.assert_array_equal(env.state(0).joint_q.numpy(), env._built_state["joint_q"].numpy())
+    np.testing.assert_array_equal(env.state(0).joint_q.numpy(), built)
     np.testing.assert_array_equal(env.carried()["joint_q"].numpy(), carried)
 
 
@@ -185,8 +186,9 @@ def test_upright_fraction_counts_worlds_upright_over_the_last_quarter():
         (["task.hidden=[0]"], "task.hidden", ">= 1"),
         (["task.action_scale=0"], "task.action_scale", "> 0"),
         (["+env=ball"], "task: policy maps observations to actions", "cartpole"),
+        (["task.window=4", "memory.segment_steps=2"], "memory.segment_steps: task.window=4", "task.window=null"),
     ],
-    ids=["window", "activation", "hidden", "action_scale", "env_without_observations"],
+    ids=["window", "activation", "hidden", "action_scale", "env_without_observations", "window_with_segments"],
 )
 def test_bad_policy_settings_are_refused_in_one_line(args, field, accepted):
     """Checked where every command validates its config (tests/test_errors.py covers the

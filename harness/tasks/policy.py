@@ -242,6 +242,7 @@ class Policy(Task):
         if self._key is None:
             env.restore_initial()
         elif self.random_starts or self._windowed(env):
+            env.keep_built_initial()  # once: what evaluation rollouts start from
             if self.random_starts:
                 env.draw_initial(self._key)
             else:

@@ -82,6 +82,7 @@ class SystemId(TrainQuantities):
         self.reference: Reference | None = None
         self._device_reference: dict[str, Any] = {}
         self._broadcast: dict[tuple[int, str], wp.array] = {}
+        self._shared_names: set[str] = set()
 
     # -- checks, before anything is built -------------------------------------------------
 
@@ -130,6 +131,7 @@ class SystemId(TrainQuantities):
 
     def parameter_specs(self, env: Env) -> list[ParamSpec]:
         shared = self._shared(env.config)
+        self._shared_names = set(shared)
         specs = []
         for spec in super().parameter_specs(env):
             if spec.name in shared:  # the worlds' mean as the start (they start equal: the env as built)
@@ -140,7 +142,7 @@ class SystemId(TrainQuantities):
 
     def summary(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
         found = super().summary(values)
-        found["parameters_shared"] = sorted(name for name in values if self.shared and np.ndim(values[name]) < 2)
+        found["parameters_shared"] = sorted(self._shared_names)
         return found
 
     def replace_loss(self, configured: WeightedLoss) -> WeightedLoss:
