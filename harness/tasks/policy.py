@@ -195,8 +195,9 @@ class Policy(Task):
         rng = np.random.default_rng(self.seed)
         specs = []
         last = self.layer_names()[-1]
-        for name, shape in self.parameter_shapes(env.config).items():
-            bound = 1.0 / np.sqrt(self.parameter_shapes(env.config)[name.replace(".bias", ".weight")][1])
+        shapes = self.parameter_shapes(env.config)
+        for name, shape in shapes.items():
+            bound = 1.0 / np.sqrt(shapes[name.replace(".bias", ".weight")][1])
             value = rng.uniform(-bound, bound, size=shape).astype(np.float32)
             if name.startswith(f"{last}."):
                 value *= self.init_scale

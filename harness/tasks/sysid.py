@@ -22,7 +22,7 @@ import warp as wp
 from harness import schema
 from harness.env import Env, EnvConfig
 from harness.losses import LossTerm, WeightedLoss
-from harness.params import ParamSet, ParamSpec
+from harness.params import ParamSet, ParamSpec, _inner_shape
 from harness.tasks.quantities import TrainQuantities
 from harness.trajectory import Reference, ReferenceError, load_reference
 
@@ -169,12 +169,15 @@ class SystemId(TrainQuantities):
         initial = env.initial_state()
         arrays: dict[str, Any] = {"controls": wp.array(ref.controls, dtype=wp.float32, device=device)}
         for name, value in ref.initial.items():
-            if name not in initial or initial[name].size * _width(initial[name]) != value.size:
+            if (
+                name not in initial
+                or initial[name].size * int(np.prod(_inner_shape(initial[name].dtype))) != value.size
+            ):
                 raise ValueError(
                     f"task.reference: '{ref.path}': initial/{name} has {value.shape[1]} entries per world; "
                     f"the env's initial state is {sorted(initial)}"
                 )
-            flat = np.ascontiguousarray(value).reshape(initial[name].shape + _inner(initial[name]))
+            flat = np.ascontiguousarray(value).reshape(initial[name].shape + _inner_shape(initial[name].dtype))
             arrays[f"initial/{name}"] = wp.array(flat, dtype=initial[name].dtype, device=device)
         for term in loss.reference_terms:
             reference = wp.array(ref.observed[term.source], dtype=wp.float32, device=device)
@@ -220,20 +223,8 @@ class SystemId(TrainQuantities):
         for spec, segment in zip(params.specs, params.segments, strict=True):
             if segment.length > MAX_LOGGED_ENTRIES:
                 continue
-            shape = spec.shape + _inner_shape_of(spec.dtype)
+            shape = spec.shape + _inner_shape(spec.dtype)
             for flat, index in enumerate(np.ndindex(*shape)):
                 suffix = "/" + ".".join(str(i) for i in index) if index else ""
                 found.append((f"sysid/{spec.name}{suffix}", params.data, segment.offset + flat))
         return found
-
-
-def _inner(array: wp.array) -> tuple[int, ...]:
-    return tuple(getattr(array.dtype, "_shape_", ()))
-
-
-def _width(array: wp.array) -> int:
-    return int(np.prod(_inner(array), dtype=np.int64)) if _inner(array) else 1
-
-
-def _inner_shape_of(dtype: type) -> tuple[int, ...]:
-    return tuple(getattr(dtype, "_shape_", ()))
