@@ -25,6 +25,7 @@ import newton.examples
 import numpy as np
 import warp as wp
 
+from harness.adjoint_funcs import clamp_adjoint
 from harness.env import Quantity, Trajectory, host_rng
 from harness.newton_env import NewtonEnv, NewtonEnvConfig
 from harness.schema import field
@@ -57,10 +58,22 @@ class CartpoleConfig(NewtonEnvConfig):
     world_count: int = field(4, minimum=1, doc="independent worlds, each with its own initial tilt")
     dt: float = field(1.0 / 240.0, minimum=0.0, strict=True, doc="time step [s]")
     tilt: float = field(0.2, minimum=0.0, doc="initial pole angles drawn from [-tilt, tilt] [rad]")
+    draw_cart: float = field(
+        0.0, minimum=0.0, doc="training draws (draw_initial) also place the cart in [-draw_cart, draw_cart] [m]"
+    )
+    draw_rate: float = field(
+        0.0, minimum=0.0, doc="training draws also start every joint rate in [-draw_rate, draw_rate] [m/s, rad/s]"
+    )
     per_step_scratch: bool = field(
         True, doc="per-step copies of Featherstone's M, J, P, H, L (false reproduces the wrong gradients)"
     )
     angular_damping: float = field(0.05, minimum=0.0, doc="Featherstone's angular damping factor")
+    force_adjoint_clamp: float | None = field(
+        None,
+        minimum=0.0,
+        strict=True,
+        doc="clamp the gradient flowing back through each cart force to [-c, c] (harness.adjoint_funcs; null: off)",
+    )
     pole_masses: tuple[float, ...] | None = field(
         None,
         length=2,
@@ -100,10 +113,15 @@ def _apply_cart_force(
     step: int,
     dofs_per_world: int,
     cart_dof: int,
+    clamp: int,
+    limit: float,
     joint_f: wp.array(dtype=wp.float32),
 ):
     world = wp.tid()
-    joint_f[world * dofs_per_world + cart_dof] = actions[step, world, 0]
+    force = actions[step, world, 0]
+    if clamp != 0:  # the identity forward; backward clamps the gradient through this force
+        force = clamp_adjoint(force, limit)
+    joint_f[world * dofs_per_world + cart_dof] = force
 
 
 @wp.kernel
@@ -136,6 +154,8 @@ def _draw_tilts(
     seed: int,
     key: wp.array(dtype=wp.int32),
     tilt: float,
+    cart: float,
+    rate: float,
     dofs_per_world: int,
     cart_dof: int,
     joint_q: wp.array(dtype=wp.float32),
@@ -144,12 +164,14 @@ def _draw_tilts(
     world = wp.tid()
     stream = wp.rand_init(seed, key[0])  # one stream per key, then one per world in it
     rng = wp.rand_init(wp.int32(stream), world)
-    for k in range(dofs_per_world):
+    for k in range(dofs_per_world):  # the pole angles first: the same draws whatever cart and rate are
         value = 0.0
         if k != cart_dof:
             value = wp.randf(rng, -tilt, tilt)
         joint_q[world * dofs_per_world + k] = value
-        joint_qd[world * dofs_per_world + k] = 0.0
+    joint_q[world * dofs_per_world + cart_dof] = wp.randf(rng, -cart, cart)
+    for k in range(dofs_per_world):
+        joint_qd[world * dofs_per_world + k] = wp.randf(rng, -rate, rate)
 
 
 @wp.kernel
@@ -289,7 +311,15 @@ class CartpoleEnv(NewtonEnv):
         wp.launch(
             _draw_tilts,
             dim=self.world_count,
-            inputs=[DRAW_SEED_OFFSET + self.config.seed, key, self.config.tilt, DOFS_PER_WORLD, CART_DOF],
+            inputs=[
+                DRAW_SEED_OFFSET + self.config.seed,
+                key,
+                self.config.tilt,
+                self.config.draw_cart,
+                self.config.draw_rate,
+                DOFS_PER_WORLD,
+                CART_DOF,
+            ],
             outputs=[self.initial["joint_q"], self.initial["joint_qd"]],
             device=self.device,
         )
@@ -302,10 +332,11 @@ class CartpoleEnv(NewtonEnv):
 
     def act(self, t: int, actions: wp.array) -> None:
         self._actions = actions
+        clamp = self.config.force_adjoint_clamp
         wp.launch(
             _apply_cart_force,
             dim=self.world_count,
-            inputs=[actions, t, DOFS_PER_WORLD, CART_DOF],
+            inputs=[actions, t, DOFS_PER_WORLD, CART_DOF, int(clamp is not None), clamp or 0.0],
             outputs=[self.joint_f[self.slot(t)]],
             device=self.device,
         )

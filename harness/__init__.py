@@ -35,10 +35,18 @@ _DETERMINISM = {
     "": wp.DeterministicMode.NOT_GUARANTEED,
 }
 _mode = os.environ.get("HARNESS_DETERMINISTIC", "").lower()
-if _mode not in _DETERMINISM:
-    print(f"error: HARNESS_DETERMINISTIC: '{_mode}' is not one of run_to_run, gpu_to_gpu (or unset)", file=sys.stderr)
-    raise SystemExit(2)
-wp.config.deterministic = _DETERMINISM[_mode]
+if _mode in _DETERMINISM:
+    wp.config.deterministic = _DETERMINISM[_mode]
+
+
+def environment_error() -> str | None:
+    """What is wrong with the harness's environment variables, in one line (None: nothing).
+    Importing the package never exits; :func:`init_warp` raises this as a ``ValueError`` and
+    the command line prints it and exits 2."""
+    if _mode not in _DETERMINISM:
+        return f"HARNESS_DETERMINISTIC: '{_mode}' is not one of run_to_run, gpu_to_gpu (or unset)"
+    return None
+
 
 __version__ = "0.1.0"
 
@@ -49,8 +57,16 @@ def init_warp() -> None:
     """Initialise Warp (``wp.init()``), passing on everything it prints to stderr except the
     native library's line saying that no NVIDIA CUDA driver was found: on a machine without
     one the harness runs on the CPU as documented, and a CUDA device asked for by name is
-    refused with its own one-line error. Idempotent."""
+    refused with its own one-line error. Idempotent.
+
+    Raises:
+        ValueError: A harness environment variable holds a value it does not accept
+            (:func:`environment_error`).
+    """
     global _initialised
+    problem = environment_error()
+    if problem is not None:
+        raise ValueError(problem)
     if _initialised:
         return
     sys.stderr.flush()

@@ -30,7 +30,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
-from harness import config, init_warp
+from harness import config, environment_error, init_warp
 
 # Our launcher presets share their names with the plugins' structured configs on purpose
 # (`hydra/launcher=joblib`); Hydra 1.3 warns about the name match. Set at import time so
@@ -215,11 +215,10 @@ def gradcheck_command(cfg: DictConfig) -> None:
         sys.exit(1)
 
 
-def report_command() -> None:
+def report_command(args: list[str]) -> None:
     """``report SWEEP_DIR``: table sorted by final loss, CSV and PNG in the sweep folder."""
     from harness.report import ReportError, report_sweep
 
-    args = sys.argv[1:]
     if len(args) != 1 or args[0].startswith("-"):
         _fail(ValueError("report: expects one argument, the sweep folder (e.g. multirun/2026-11-22_10-00-00)"))
     try:
@@ -263,11 +262,10 @@ def split_hydra_flags(args: list[str]) -> tuple[list[str], list[str]]:
     return flags, overrides
 
 
-def render_command() -> None:
+def render_command(args: list[str]) -> None:
     """``render RUN_DIR [checkpoint=PATH] [frames=N] [fps=N]``: video, plots and Newton recordings."""
     from harness.render import RenderError, render_run
 
-    args = sys.argv[1:]
     is_option = [a.partition("=")[0].isidentifier() and "=" in a for a in args]  # sweep job folders hold '='
     folders = [a for a, option in zip(args, is_option, strict=True) if not option]
     options = dict(a.split("=", 1) for a, option in zip(args, is_option, strict=True) if option)
@@ -295,12 +293,12 @@ def render_command() -> None:
     print(f"Newton ViewerFile recordings: {', '.join(written['recordings'])}")
 
 
-def record_command() -> None:
+def record_command(args: list[str]) -> None:
     """``record +env=NAME [overrides] [out=PATH] [amplitude=N] [noise=STD]``: a trajectory file for ``task=sysid``."""
     from harness.trajectory import ReferenceError, record
 
     options, overrides = {}, []
-    for arg in sys.argv[1:]:
+    for arg in args:
         key, eq, value = arg.partition("=")
         (options.__setitem__(key, value) if eq and key in ("out", "amplitude", "noise") else overrides.append(arg))
     numbers = {}
@@ -326,12 +324,12 @@ def record_command() -> None:
     )
 
 
-def evaluate_command() -> None:
+def evaluate_command(args: list[str]) -> None:
     """``evaluate RUN_DIR [env.<field>=V ...] [checkpoint=PATH] [out=PATH] [device=NAME]``: eval.json and a table."""
     from harness.evaluate import EvaluateError, evaluate_run, format_table, split_arguments
 
     try:
-        run_dir, options, overrides = split_arguments(sys.argv[1:])
+        run_dir, options, overrides = split_arguments(args)
     except EvaluateError as exc:
         _fail(exc)
     init_warp()
@@ -388,12 +386,15 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, end="")
         return
     command, rest = argv[0], argv[1:]
+    problem = environment_error()
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     if command not in COMMANDS:
         print(f"error: command: '{command}' is not one of {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
     if command not in CONFIG_NAMES:
-        sys.argv = [f"harness {command}", *rest]
-        COMMANDS[command]()
+        COMMANDS[command](rest)
         return
     init_warp()
     flags, overrides = split_hydra_flags(rest)
@@ -415,5 +416,11 @@ def main(argv: list[str] | None = None) -> None:
     # Overrides first, Hydra's flags last: its parser takes the overrides as one positional
     # list, and a bare --info would take a following override as its value.
     config.register_resolvers()
+    # Hydra 1.3's @hydra.main takes its command line from sys.argv only (no public argument
+    # for it): set for the call, restored afterwards.
+    saved = sys.argv
     sys.argv = [f"harness {command}", *overrides, *dirname_overrides([*flags, *overrides]), *flags]
-    COMMANDS[command]()
+    try:
+        COMMANDS[command]()
+    finally:
+        sys.argv = saved

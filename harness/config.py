@@ -632,7 +632,7 @@ def check_saved_config(saved: Any, cfg: DictConfig, path: Path) -> None:
     parent_key, _, leaf = field.rpartition(".")
     parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
     if isinstance(parent, DictConfig) and leaf in parent and OmegaConf.is_interpolation(parent, leaf):
-        source = parent._get_node(leaf)._value()
+        source = OmegaConf.to_container(parent, resolve=False)[leaf]  # the interpolation's text, e.g. ${seed}
         raise ConfigError(
             f"resume: checkpoint '{path}' was written with {field}={old!r}; here {field}={source} gives {new!r}; "
             f"pass {field}={old!r} to keep the checkpoint's value"

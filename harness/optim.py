@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from harness.params import ParamSet
+from harness.params import ParamSet, flat_view
 
 __all__ = [
     "OPTIMIZERS",
@@ -80,7 +80,8 @@ def _float32_alias(array: wp.array, what: str) -> wp.array:
     if array.dtype is wp.float32 and array.ndim == 1:
         return array
     count = array.size * (1 if array.dtype is wp.float32 else int(wp.types.type_size(array.dtype)))
-    return wp.array(ptr=array.ptr, dtype=wp.float32, shape=(count,), device=array.device, copy=False)
+    components = array if array.dtype is wp.float32 else array.view(wp.float32)  # Warp's views keep `array` alive
+    return components.reshape((count,))
 
 
 def _flat_params(params: Params) -> list[tuple[wp.array, int]]:
@@ -222,9 +223,7 @@ class Optimizer:
             return flat
         views = []
         for p, (_, offset) in zip(params, _flat_params(params), strict=True):
-            view = wp.array(ptr=flat.ptr + 4 * offset, dtype=p.dtype, shape=p.shape, device=flat.device, copy=False)
-            view._harness_owner = flat  # keeps the state buffer alive as long as the view
-            views.append(view)
+            views.append(flat_view(flat, offset, p.shape, p.dtype))
         return views
 
     def scalars(self, state: State) -> dict[str, wp.array]:

@@ -166,21 +166,7 @@ class ParamSet:
         return [s.name for s in self.segments]
 
     def _view(self, spec: ParamSpec, seg: Segment) -> wp.array:
-        byte_offset = seg.offset * 4
-        grad = wp.array(
-            ptr=self.grad.ptr + byte_offset, dtype=spec.dtype, shape=spec.shape, device=self.device, copy=False
-        )
-        view = wp.array(
-            ptr=self.data.ptr + byte_offset,
-            dtype=spec.dtype,
-            shape=spec.shape,
-            device=self.device,
-            copy=False,
-            grad=grad,
-        )
-        # Keep the owners alive as long as the views are.
-        view._harness_owner = (self.data, self.grad)
-        return view
+        return flat_view(self.data, seg.offset, spec.shape, spec.dtype)  # its .grad views self.grad
 
     def __getitem__(self, name: str) -> wp.array:
         return self.views[name]
@@ -206,6 +192,15 @@ class ParamSet:
     def grad_numpy(self) -> dict[str, np.ndarray]:
         """Host copies of every gradient, by name, in the view's full shape."""
         return self.split(self.grad.numpy())
+
+
+def flat_view(flat: wp.array, offset: int, shape: tuple[int, ...], dtype: type) -> wp.array:
+    """A zero-copy view of ``flat[offset:]`` (float32) as an array of ``shape`` and ``dtype``,
+    with the matching view of ``flat.grad`` when ``flat`` has one. Built from Warp's own
+    slicing, ``reshape`` and ``view``, so the view keeps ``flat`` alive."""
+    full = (*shape, *_inner_shape(dtype))
+    view = flat[offset : offset + math.prod(full)].reshape(full)
+    return view if dtype in (wp.float32, float) else view.view(dtype)
 
 
 def _inner_shape(dtype: type) -> tuple[int, ...]:

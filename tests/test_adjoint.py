@@ -8,6 +8,7 @@ import warp as wp
 
 from envs.cartpole import CartpoleEnv
 from harness.adjoint import AdjointClipper, profile_histogram_values, profile_image, profile_summary
+from harness.adjoint_funcs import clamp_adjoint, clip_adjoint_norm
 from harness.losses import WeightedLoss
 from harness.tasks import OpenLoop, prepare, rollout
 
@@ -21,8 +22,8 @@ RUNNING = {"pose": {"source": "joint_q"}, "velocity": {"source": "joint_qd", "we
 class Rollout:
     """A cartpole, its parameters and a loss, differentiated with a tape driven here."""
 
-    def __init__(self, horizon: int, world_count: int, terms: dict):
-        self.env = CartpoleEnv(horizon=horizon, world_count=world_count, device="cpu")
+    def __init__(self, horizon: int, world_count: int, terms: dict, **fields):
+        self.env = CartpoleEnv(horizon=horizon, world_count=world_count, device="cpu", **fields)
         self.task = OpenLoop()
         self.loss = WeightedLoss(terms)
         self.params = prepare(self.env, self.task, self.loss, device="cpu")
@@ -39,6 +40,8 @@ class Rollout:
         with tape:
             total = self.loss(rollout(self.env, self.task, self.params, after_step=after_step))
         tape.backward(total)
+        self.total = total.numpy().copy()
+        self.trajectory = {name: array.numpy().copy() for name, array in self.env.trajectory().items()}
         return self.params.grad.numpy().copy(), clipper
 
 
@@ -120,3 +123,55 @@ def test_profile_summary_image_and_histogram():
 def test_bad_settings_are_rejected():
     with pytest.raises(ValueError, match="max_norm"):
         AdjointClipper(horizon=2, world_count=1, max_norm=-1.0, device="cpu")
+
+
+# --- the third place: one point of one kernel (harness.adjoint_funcs) ---
+
+
+@wp.kernel
+def _through_points(
+    x: wp.array(dtype=wp.float32),
+    v: wp.array(dtype=wp.vec3),
+    limit: float,
+    y: wp.array(dtype=wp.float32),
+    w: wp.array(dtype=wp.vec3),
+):
+    i = wp.tid()
+    y[i] = 3.0 * clamp_adjoint(x[i] * x[i], limit)  # d y / d(x^2) = 3, clamped to limit
+    w[i] = 2.0 * clip_adjoint_norm(v[i], limit)
+
+
+def test_adjoint_funcs_are_the_identity_forward_and_clip_only_the_gradient_through_them():
+    x = wp.array([0.5, -2.0, float("nan")], dtype=wp.float32, requires_grad=True, device="cpu")
+    v = wp.array([[0.1, 0.2, 0.2], [3.0, 4.0, 0.0], [0.0, 0.0, 0.0]], dtype=wp.vec3, requires_grad=True, device="cpu")
+    y = wp.zeros(3, dtype=wp.float32, requires_grad=True, device="cpu")
+    w = wp.zeros(3, dtype=wp.vec3, requires_grad=True, device="cpu")
+    tape = wp.Tape()
+    with tape:
+        wp.launch(_through_points, dim=3, inputs=[x, v, 1.0], outputs=[y, w], device="cpu")
+    tape.backward(
+        grads={y: wp.ones(3, dtype=wp.float32, device="cpu"), w: wp.full(3, wp.vec3(1.0, 0.5, 0.0), device="cpu")}
+    )
+    np.testing.assert_array_equal(y.numpy()[:2], 3.0 * np.float32([0.25, 4.0]))  # forward: the identity
+    np.testing.assert_array_equal(w.numpy(), 2.0 * v.numpy())
+    # scalar: the upstream 3 clamped to 1, then the chain rule continues (d x^2 / dx = 2x)
+    np.testing.assert_allclose(x.grad.numpy()[:2], [1.0, -4.0], rtol=1e-6)
+    assert np.isnan(x.grad.numpy()[2])  # a NaN passes through for the non-finite handling to see
+    # vector: upstream 2 * (1, 0.5, 0) has norm sqrt(5) > 1: scaled to norm 1, the same for every row
+    expected = np.float32([2.0, 1.0, 0.0]) / np.sqrt(5.0)
+    np.testing.assert_allclose(v.grad.numpy(), np.tile(expected, (3, 1)), rtol=1e-6)
+
+
+def test_cartpole_force_clamp_leaves_the_rollout_and_clamps_each_force_gradient_exactly():
+    """``env.force_adjoint_clamp``: the rollout and loss bit for bit as without it, and each
+    action's gradient (the force's, one to one) the unclipped tape's clamped to the limit."""
+    free = Rollout(60, 2, RUNNING)
+    plain, _ = free.gradient(None, hook=False)
+    limit = float(np.median(np.abs(plain)))  # about half the forces' gradients exceed it
+    clamped = Rollout(60, 2, RUNNING, force_adjoint_clamp=limit)
+    measured, _ = clamped.gradient(None, hook=False)
+    assert free.total.tobytes() == clamped.total.tobytes()
+    for name, values in free.trajectory.items():
+        np.testing.assert_array_equal(values, clamped.trajectory[name], err_msg=name)
+    np.testing.assert_array_equal(measured, np.clip(plain, -np.float32(limit), np.float32(limit)))
+    assert 0.3 < np.mean(np.abs(plain) > limit) < 0.7  # the comparison covers clamped and untouched entries

@@ -4,13 +4,14 @@ nothing written (validation runs before Hydra creates a folder or a kernel is co
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from harness import checkpoint
-from tests.helpers import run_harness
+from tests.helpers import harness_env, run_harness
 
 ENV = ["+env=cartpole", "env.horizon=4", "env.world_count=1", "iterations=1"]
 
@@ -100,3 +101,17 @@ def test_zero_learning_rate_is_accepted_and_measures_without_moving(tmp_path):
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
     assert all(e.value > 0 for e in acc.Scalars("optim/grad_norm_pre"))
+
+
+def test_a_bad_harness_variable_stops_the_command_line_and_not_an_import(tmp_path):
+    """HARNESS_DETERMINISTIC=bogus: `import harness` works (a library import never exits);
+    init_warp() raises a ValueError naming it; the command line says it in one line, exit 2."""
+    bad = {"HARNESS_DETERMINISTIC": "bogus"}
+    probe = "import harness\ntry:\n    harness.init_warp()\nexcept ValueError as exc:\n    print('raised:', exc)\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=harness_env(bad), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("raised: HARNESS_DETERMINISTIC: 'bogus' is not one of run_to_run, gpu_to_gpu")
+    proc = run_harness("train", *ENV, cwd=tmp_path, env=bad)
+    assert_clean_rejection(proc, "HARNESS_DETERMINISTIC", "run_to_run, gpu_to_gpu", tmp_path)

@@ -112,6 +112,26 @@ def test_draws_are_reproducible_fresh_per_key_and_outside_training_the_env_own()
     np.testing.assert_array_equal(env.initial_state()["joint_q"].numpy(), own)
 
 
+def test_draws_spread_the_cart_and_the_rates_when_asked_and_keep_the_tilts():
+    task = small_policy()
+    key = wp.zeros(1, dtype=wp.int32, device="cpu")
+    draws = {}
+    for cart, rate in ((0.0, 0.0), (0.5, 0.1)):
+        env = env_for(task, horizon=4, world_count=64, tilt=0.2, seed=3, draw_cart=cart, draw_rate=rate)
+        own = env.initial_state()["joint_q"].numpy().copy()
+        env.draw_initial(key)
+        state = env.initial_state()
+        draws[cart] = (state["joint_q"].numpy().reshape(64, 3).copy(), state["joint_qd"].numpy().reshape(64, 3).copy())
+        env.restore_initial()  # the env's own starts stay tilts only
+        np.testing.assert_array_equal(env.initial_state()["joint_q"].numpy(), own)
+        assert np.all(own.reshape(64, 3)[:, 0] == 0.0)
+    (q0, qd0), (q, qd) = draws[0.0], draws[0.5]
+    assert np.all(q0[:, 0] == 0.0) and np.all(qd0 == 0.0)
+    np.testing.assert_array_equal(q[:, 1:], q0[:, 1:])  # the same tilts whatever the spreads
+    assert np.all(np.abs(q[:, 0]) <= 0.5) and np.ptp(q[:, 0]) > 0.5  # spread over the range
+    assert np.all(np.abs(qd) <= 0.1) and np.all(np.ptp(qd, axis=0) > 0.1)
+
+
 def test_windows_continue_the_episode_and_a_new_episode_starts_fresh():
     """horizon 12, window 4: iterations 1 and 2 start where the previous window ended,
     iteration 3 starts a new episode from a fresh draw."""
