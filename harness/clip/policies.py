@@ -1,85 +1,43 @@
-"""Gradient clipping: policies over the flat gradient, a non-finite policy, and a functional API.
+"""The clip policies: rules over the flat gradient after backward, each built by a factory
+that can be the ``_target_`` of a Hydra config under ``configs/clip/``.
 
-This module owns every rule that rescales or clamps a gradient after backward:
-
-* Clip policies (:class:`ClipPolicy`), each built by a factory that can be the ``_target_``
-  of a Hydra config under ``configs/clip/``: :func:`no_clip`, :func:`clip_by_value`,
-  :func:`clip_by_global_norm`, :func:`clip_by_norm_per_param`, :func:`adaptive_grad_clip`
-  (AGC), :func:`autoclip`, :func:`zclip` and :func:`chain`. ``update`` rescales
-  ``params.grad`` in place from the pre-clip :class:`~harness.stats.FlatStats` and keeps
-  every number it decides (coefficient, threshold, history, skip flag) in device arrays,
-  so a clipped step never goes back to the host and can be captured in a CUDA graph.
-* The non-finite policy every clip policy carries (``nonfinite=``): ``skip`` (the
-  iteration makes no update; see :class:`SkipGuard`), ``zero`` (nan/inf entries become 0
-  before clipping) or ``error`` (stop, naming the iteration and the parameter; see
-  :meth:`ClipPolicy.check`).
-* The PyTorch-style functional API :func:`clip_grad_norm_` and :func:`clip_grad_value_`
-  over a list of Warp arrays of any float dtype, a fixed number of launches however many
-  arrays there are.
-
-In-backward clipping of the simulation state's adjoint lives in :mod:`harness.adjoint`;
-its setting travels with the policy (``ClipPolicy.adjoint``) because it is configured in
-the same config group (``clip.adjoint.max_norm``).
+:func:`no_clip`, :func:`clip_by_value`, :func:`clip_by_global_norm`,
+:func:`clip_by_norm_per_param`, :func:`adaptive_grad_clip` (AGC), :func:`autoclip`,
+:func:`zclip` and :func:`chain`. ``update`` rescales ``params.grad`` in place from the
+pre-clip :class:`~harness.stats.FlatStats` and keeps every number it decides (coefficient,
+threshold, history, skip flag) in device arrays, so a clipped step never goes back to the
+host and can be captured in a graph. Each policy carries its non-finite setting
+(:mod:`harness.clip.nonfinite`) and the in-backward adjoint setting (``clip.adjoint``,
+applied by :mod:`harness.adjoint`, configured in the same group). The kernels are in
+:mod:`harness.clip.kernels`.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import warp as wp
 
+from harness.clip.kernels import (
+    MODE_AGC,
+    MODE_PER_GROUP,
+    autoclip_kernel,
+    chain_combine_kernel,
+    launch_clamp,
+    launch_scale_groups,
+    nonfinite_stage_kernel,
+    reset_coef_kernel,
+    scale_by_global_norm_kernel,
+    zclip_kernel,
+    zero_nonfinite_kernel,
+)
+from harness.clip.nonfinite import ZERO, NonFiniteGradientError, check_nonfinite
 from harness.params import ParamSet
-from harness.stats import ChunkTable, FlatStats, GroupNorms, chunk_view, norm_kind, scalar_type_of
-
-__all__ = [
-    "NONFINITE_MODES",
-    "AdjointSettings",
-    "ClipPolicy",
-    "NonFiniteGradientError",
-    "SkipGuard",
-    "adaptive_grad_clip",
-    "agc_units",
-    "autoclip",
-    "chain",
-    "clip_by_global_norm",
-    "clip_by_norm_per_param",
-    "clip_by_value",
-    "clip_grad_norm_",
-    "clip_grad_value_",
-    "no_clip",
-    "zclip",
-]
-
-NONFINITE_MODES = ("skip", "zero", "error")
-"""Accepted values of a policy's ``nonfinite`` setting."""
-
-_SKIP, _ZERO, _ERROR = 0, 1, 2
-_MODE_GLOBAL, _MODE_PER_GROUP, _MODE_AGC = 0, 1, 2
-_EPS = 1.0e-6
-"""The epsilon of ``torch.nn.utils.clip_grad_norm_``: ``coef = max_norm / (total + 1e-6)``."""
-
-
-class NonFiniteGradientError(FloatingPointError):
-    """A gradient held nan or inf under the ``error`` non-finite policy.
-
-    Attributes:
-        iteration: The first iteration (0-based count of ``update`` calls) with a non-finite entry.
-        parameter: Name of the first parameter (in layout order) holding one.
-    """
-
-    def __init__(self, iteration: int, parameter: str):
-        self.iteration = iteration
-        self.parameter = parameter
-        super().__init__(
-            f"non-finite gradient (nan or inf) at iteration {iteration} in parameter '{parameter}'; "
-            "parameters were left as they were before that iteration (clip.nonfinite=error)"
-        )
+from harness.stats import ChunkTable, FlatStats, GroupNorms, norm_kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,188 +124,6 @@ class ClipPolicy:
             raise NonFiniteGradientError(iteration, params.names[int(state["nonfinite_param"].numpy()[0])])
 
 
-# --------------------------------------------------------------------------- kernels
-
-
-@wp.func
-def _clip_coef(max_norm: wp.float64, norm: wp.float64, use_f64: int) -> wp.float64:
-    """``min(1, max_norm / (norm + 1e-6))`` in the gradient's precision; nan stays nan."""
-    c = wp.float64(0.0)
-    if use_f64 != 0:
-        c = max_norm / (norm + wp.float64(1.0e-6))
-    else:
-        c = wp.float64(wp.float32(max_norm) / (wp.float32(norm) + wp.float32(1.0e-6)))
-    if c > wp.float64(1.0):
-        c = wp.float64(1.0)
-    return c
-
-
-@wp.func
-def _group_coef(
-    mode: int,
-    g: int,
-    max_norm: wp.float64,
-    use_f64: int,
-    eps: wp.float64,
-    group_norm: wp.array(dtype=wp.float64),
-    total: wp.array(dtype=wp.float64),
-    param_norm: wp.array(dtype=wp.float64),
-) -> wp.float64:
-    if mode == 0:
-        return _clip_coef(max_norm, total[0], use_f64)
-    if mode == 1:
-        return _clip_coef(max_norm, group_norm[g], use_f64)
-    # AGC: clip when |G| > lambda * max(|W|, eps), to that limit (Brock et al. 2021).
-    limit = max_norm * wp.max(param_norm[g], eps)
-    gn = group_norm[g]
-    if gn > limit:
-        return limit / wp.max(gn, wp.float64(1.0e-6))
-    return wp.float64(1.0)
-
-
-@wp.kernel
-def _scale_groups_kernel(
-    base: wp.uint64,
-    zero: Any,
-    chunk_offset: wp.array(dtype=wp.int64),
-    chunk_length: wp.array(dtype=wp.int32),
-    chunk_group: wp.array(dtype=wp.int32),
-    lanes: int,
-    mode: int,
-    max_norm: wp.float64,
-    use_f64: int,
-    eps: wp.float64,
-    group_norm: wp.array(dtype=wp.float64),
-    total: wp.array(dtype=wp.float64),
-    param_norm: wp.array(dtype=wp.float64),
-    group_count: int,
-    group_coef: wp.array(dtype=wp.float32),
-    coef_out: wp.array(dtype=wp.float32),
-    clipped_out: wp.array(dtype=wp.int32),
-):
-    # Thread (c, j) scales entries j, j + lanes, ... of chunk c: lanes = 1 on a CPU (one
-    # thread per chunk), lanes = CHUNK on a GPU (one thread per entry, coalesced).
-    c, j = wp.tid()
-    n = chunk_length[c]
-    if j < n:
-        coef = _group_coef(mode, chunk_group[c], max_norm, use_f64, eps, group_norm, total, param_norm)
-        a = chunk_view(base, chunk_offset[c], n, zero)
-        factor = type(zero)(coef)  # the coefficient in the gradient's precision, as torch multiplies
-        for i in range(j, n, lanes):
-            a[i] = a[i] * factor
-    if c == 0 and j == 0:
-        smallest = wp.float64(1.0)
-        for g in range(group_count):
-            k = _group_coef(mode, g, max_norm, use_f64, eps, group_norm, total, param_norm)
-            group_coef[g] = wp.float32(k)
-            if not (k >= smallest):  # keeps a nan coefficient visible
-                smallest = k
-        coef_out[0] = wp.float32(smallest)
-        clipped_out[0] = wp.where(smallest < wp.float64(1.0), 1, 0)
-
-
-@wp.kernel
-def _reset_coef_kernel(coef: wp.array(dtype=wp.float32), clipped: wp.array(dtype=wp.int32)):
-    coef[0] = wp.float32(1.0)
-    clipped[0] = 0
-
-
-@wp.kernel
-def _clamp_chunks_kernel(
-    base: wp.uint64,
-    zero: Any,
-    chunk_offset: wp.array(dtype=wp.int64),
-    chunk_length: wp.array(dtype=wp.int32),
-    clip_value: wp.float64,
-    coef_out: wp.array(dtype=wp.float32),
-    clipped_out: wp.array(dtype=wp.int32),
-):
-    c = wp.tid()
-    a = chunk_view(base, chunk_offset[c], chunk_length[c], zero)
-    v = type(zero)(clip_value)
-    smallest = wp.float64(1.0)
-    for i in range(chunk_length[c]):
-        x = a[i]
-        # Comparisons are false for nan, so nan passes through (torch.clamp).
-        if x > v or x < -v:
-            smallest = wp.min(smallest, wp.float64(v) / wp.abs(wp.float64(x)))
-            a[i] = wp.where(x > v, v, -v)
-    if smallest < wp.float64(1.0):
-        wp.atomic_min(coef_out, 0, wp.float32(smallest))
-        clipped_out[0] = 1
-
-
-@wp.kernel
-def _scale_by_global_norm_kernel(
-    threshold: wp.array(dtype=wp.float32),
-    norm: wp.array(dtype=wp.float32),
-    grad: wp.array(dtype=wp.float32),
-    coef_out: wp.array(dtype=wp.float32),
-    clipped_out: wp.array(dtype=wp.int32),
-):
-    i = wp.tid()
-    coef = threshold[0] / (norm[0] + 1.0e-6)
-    # Clamp with a comparison rather than min() so that a nan coefficient stays nan.
-    if coef > 1.0:
-        coef = wp.float32(1.0)
-    grad[i] = grad[i] * coef
-    if i == 0:
-        coef_out[0] = coef
-        if coef < 1.0:
-            clipped_out[0] = 1
-        else:
-            clipped_out[0] = 0
-
-
-@wp.kernel
-def _nonfinite_stage_kernel(
-    mode: int,
-    segment_count: int,
-    nonfinite: wp.array(dtype=wp.int32),
-    segment_nonfinite: wp.array(dtype=wp.int32),
-    skip: wp.array(dtype=wp.int32),
-    skipped: wp.array(dtype=wp.int32),
-    iteration: wp.array(dtype=wp.int32),
-    nonfinite_iteration: wp.array(dtype=wp.int32),
-    nonfinite_param: wp.array(dtype=wp.int32),
-):
-    it = iteration[0]
-    bad = nonfinite[0] > 0
-    if bad and nonfinite_iteration[0] < 0:
-        nonfinite_iteration[0] = it
-        first = int(-1)  # noqa: RUF046, UP018  (a dynamic Warp variable, mutated in the loop)
-        for k in range(segment_count):
-            if first < 0 and segment_nonfinite[k] > 0:
-                first = k
-        nonfinite_param[0] = first
-    s = 0
-    if bad and mode != 1:  # skip and error: no update from non-finite gradients
-        s = 1
-    if mode == 2 and nonfinite_iteration[0] >= 0:  # error: freeze until the host stops the run
-        s = 1
-    skip[0] = s
-    skipped[0] = skipped[0] + s
-    iteration[0] = it + 1
-
-
-@wp.kernel
-def _zero_nonfinite_kernel(grad: wp.array(dtype=wp.float32)):
-    i = wp.tid()
-    if not wp.isfinite(grad[i]):
-        grad[i] = wp.float32(0.0)
-
-
-@wp.kernel
-def _chain_combine_kernel(
-    member_coef: wp.array(dtype=wp.float32),
-    member_clipped: wp.array(dtype=wp.int32),
-    coef: wp.array(dtype=wp.float32),
-    clipped: wp.array(dtype=wp.int32),
-):
-    coef[0] = coef[0] * member_coef[0]
-    clipped[0] = wp.max(clipped[0], member_clipped[0])
-
-
 # --------------------------------------------------------------------------- policy assembly
 
 _ScratchCache = weakref.WeakKeyDictionary
@@ -358,12 +134,6 @@ def _scratch(cache: weakref.WeakKeyDictionary, params: ParamSet, build: Callable
     if params not in cache:
         cache[params] = build()
     return cache[params]
-
-
-def _check_nonfinite(nonfinite: str) -> int:
-    if nonfinite not in NONFINITE_MODES:
-        raise ValueError(f"clip.nonfinite must be one of {', '.join(NONFINITE_MODES)}, got {nonfinite!r}")
-    return NONFINITE_MODES.index(nonfinite)
 
 
 def _adjoint_settings(adjoint: Mapping[str, Any] | AdjointSettings | None) -> AdjointSettings:
@@ -393,7 +163,7 @@ def _policy_norm_type(norm_type: float | str) -> float:
         raise ValueError(f"clip.{exc}") from None
 
 
-def _check_limit(field: str, value: float, *, positive: bool = False) -> float:
+def check_limit(field: str, value: float, *, positive: bool = False) -> float:
     value = float(value)
     if not (value > 0.0 if positive else value >= 0.0):
         raise ValueError(f"clip.{field} must be {'> 0' if positive else '>= 0'}, got {value}")
@@ -403,7 +173,7 @@ def _check_limit(field: str, value: float, *, positive: bool = False) -> float:
 def _build_policy(
     name: str, rules: Sequence[ClipRule], nonfinite: str, adjoint: Mapping[str, Any] | AdjointSettings | None
 ) -> ClipPolicy:
-    mode = _check_nonfinite(nonfinite)
+    mode = check_nonfinite(nonfinite)
     settings = _adjoint_settings(adjoint)
     rules = tuple(rules)
     prefixes = [""] if len(rules) == 1 else [f"{i}/" for i in range(len(rules))]
@@ -433,7 +203,7 @@ def _build_policy(
             raise ValueError(f"clip: stats are for {stats.size} entries, params have {params.size}")
         dev = params.device
         wp.launch(
-            _nonfinite_stage_kernel,
+            nonfinite_stage_kernel,
             dim=1,
             inputs=[
                 mode,
@@ -449,12 +219,12 @@ def _build_policy(
             device=dev,
         )
         current = stats
-        if mode == _ZERO:
-            wp.launch(_zero_nonfinite_kernel, dim=params.size, inputs=[params.grad], device=dev)
+        if mode == ZERO:
+            wp.launch(zero_nonfinite_kernel, dim=params.size, inputs=[params.grad], device=dev)
             current = _scratch(stats_cache, params, lambda: FlatStats(params))
             current.compute(params.grad)
         if len(rules) > 1:
-            wp.launch(_reset_coef_kernel, dim=1, inputs=[state["coef"], state["clipped"]], device=dev)
+            wp.launch(reset_coef_kernel, dim=1, inputs=[state["coef"], state["clipped"]], device=dev)
         for i, (rule, prefix) in enumerate(zip(rules, prefixes, strict=True)):
             if i > 0:
                 # Later members see the gradient as the earlier ones left it.
@@ -464,7 +234,7 @@ def _build_policy(
             rule.apply(params, sub, current, state["skip"])
             if prefix:
                 wp.launch(
-                    _chain_combine_kernel,
+                    chain_combine_kernel,
                     dim=1,
                     inputs=[sub["coef"], sub["clipped"], state["coef"], state["clipped"]],
                     device=dev,
@@ -482,7 +252,7 @@ def _threshold_state(value: float) -> Callable[[ParamSet], dict[str, wp.array]]:
 
 def _scale_by_threshold(params: ParamSet, state: dict[str, wp.array], norm: wp.array) -> None:
     wp.launch(
-        _scale_by_global_norm_kernel,
+        scale_by_global_norm_kernel,
         dim=params.size,
         inputs=[state["threshold"], norm, params.grad, state["coef"], state["clipped"]],
         device=params.device,
@@ -496,47 +266,6 @@ def _segment_norms(cache: weakref.WeakKeyDictionary, params: ParamSet, p: float)
         return GroupNorms(ChunkTable.for_segments(params), norm_type=p, device=params.device)
 
     return _scratch(cache, params, build)
-
-
-def _launch_scale_groups(
-    table: ChunkTable,
-    base: int,
-    *,
-    mode: int,
-    max_norm: float,
-    norms: GroupNorms,
-    group_coef: wp.array,
-    coef: wp.array,
-    clipped: wp.array,
-    use_f64: bool = False,
-    eps: float = 0.0,
-    param_norms: GroupNorms | None = None,
-) -> None:
-    lanes = table.max_chunk if norms.device.is_cuda else 1
-    wp.launch(
-        _scale_groups_kernel,
-        dim=(table.chunk_count, max(lanes, 1)),
-        inputs=[
-            wp.uint64(base),
-            table.scalar_type(0.0),
-            table.chunk_offset,
-            table.chunk_length,
-            table.chunk_group,
-            max(lanes, 1),
-            mode,
-            wp.float64(max_norm),
-            int(use_f64),
-            wp.float64(eps),
-            norms.group_norm,
-            norms.total,
-            (param_norms or norms).group_norm,
-            table.group_count,
-            group_coef,
-            coef,
-            clipped,
-        ],
-        device=norms.device,
-    )
 
 
 # --------------------------------------------------------------------------- policies
@@ -580,33 +309,16 @@ def clip_by_value(
     Raises:
         ValueError: If ``clip_value`` is negative or nan.
     """
-    clip_value = _check_limit("clip_value", clip_value)
+    clip_value = check_limit("clip_value", clip_value)
     tables: weakref.WeakKeyDictionary = _ScratchCache()
 
     def apply(params: ParamSet, state: dict[str, wp.array], stats: FlatStats, skip: wp.array) -> None:
         del stats, skip
         table = _scratch(tables, params, lambda: ChunkTable.for_segments(params))
-        wp.launch(_reset_coef_kernel, dim=1, inputs=[state["coef"], state["clipped"]], device=params.device)
-        _launch_clamp(table, params.grad.ptr, clip_value, state["coef"], state["clipped"])
+        wp.launch(reset_coef_kernel, dim=1, inputs=[state["coef"], state["clipped"]], device=params.device)
+        launch_clamp(table, params.grad.ptr, clip_value, state["coef"], state["clipped"])
 
     return _build_policy("value", [ClipRule("value", lambda params: {}, apply)], nonfinite, adjoint)
-
-
-def _launch_clamp(table: ChunkTable, base: int, clip_value: float, coef: wp.array, clipped: wp.array) -> None:
-    wp.launch(
-        _clamp_chunks_kernel,
-        dim=table.chunk_count,
-        inputs=[
-            wp.uint64(base),
-            table.scalar_type(0.0),
-            table.chunk_offset,
-            table.chunk_length,
-            wp.float64(clip_value),
-            coef,
-            clipped,
-        ],
-        device=coef.device,
-    )
 
 
 def clip_by_global_norm(
@@ -643,7 +355,7 @@ def clip_by_global_norm(
     Raises:
         ValueError: If ``max_norm`` is negative or nan, or ``norm_type`` is not ``> 0``.
     """
-    max_norm = _check_limit("max_norm", max_norm)
+    max_norm = check_limit("max_norm", max_norm)
     p = _policy_norm_type(norm_type)
     norms_cache: weakref.WeakKeyDictionary = _ScratchCache()
 
@@ -686,7 +398,7 @@ def clip_by_norm_per_param(
     Raises:
         ValueError: If ``max_norm`` is negative or nan, or ``norm_type`` is not ``> 0``.
     """
-    max_norm = _check_limit("max_norm", max_norm)
+    max_norm = check_limit("max_norm", max_norm)
     p = _policy_norm_type(norm_type)
     norms_cache: weakref.WeakKeyDictionary = _ScratchCache()
 
@@ -697,10 +409,10 @@ def clip_by_norm_per_param(
         del stats, skip
         norms = _segment_norms(norms_cache, params, p)
         norms.compute(params.grad.ptr)
-        _launch_scale_groups(
+        launch_scale_groups(
             norms.table,
             params.grad.ptr,
-            mode=_MODE_PER_GROUP,
+            mode=MODE_PER_GROUP,
             max_norm=max_norm,
             norms=norms,
             group_coef=state["segment_coef"],
@@ -768,8 +480,8 @@ def adaptive_grad_clip(
     Raises:
         ValueError: If ``clipping`` or ``eps`` is not ``> 0``.
     """
-    clipping = _check_limit("clipping", clipping, positive=True)
-    eps = _check_limit("eps", eps, positive=True)
+    clipping = check_limit("clipping", clipping, positive=True)
+    eps = check_limit("eps", eps, positive=True)
     cache: weakref.WeakKeyDictionary = _ScratchCache()
 
     def build(params: ParamSet) -> tuple[GroupNorms, GroupNorms, wp.array]:
@@ -785,10 +497,10 @@ def adaptive_grad_clip(
         grad_norms, param_norms, unit_coef = _scratch(cache, params, lambda: build(params))
         grad_norms.compute(params.grad.ptr)
         param_norms.compute(params.data.ptr)
-        _launch_scale_groups(
+        launch_scale_groups(
             grad_norms.table,
             params.grad.ptr,
-            mode=_MODE_AGC,
+            mode=MODE_AGC,
             max_norm=clipping,
             norms=grad_norms,
             group_coef=unit_coef,
@@ -799,52 +511,6 @@ def adaptive_grad_clip(
         )
 
     return _build_policy("agc", [ClipRule("agc", lambda params: {}, apply)], nonfinite, adjoint)
-
-
-@wp.kernel
-def _autoclip_kernel(
-    percentile: wp.float64,
-    capacity: int,
-    norm: wp.array(dtype=wp.float32),
-    skip: wp.array(dtype=wp.int32),
-    history: wp.array(dtype=wp.float32),
-    ordered: wp.array(dtype=wp.float32),
-    count: wp.array(dtype=wp.int32),
-    cursor: wp.array(dtype=wp.int32),
-    threshold: wp.array(dtype=wp.float32),
-):
-    g = norm[0]
-    n = count[0]
-    if skip[0] == 0 and wp.isfinite(g):
-        if n == capacity:
-            # Drop the oldest norm from the sorted copy, then from the ring.
-            old = history[cursor[0]]
-            k = int(0)  # noqa: RUF046, UP018  (a dynamic Warp variable, mutated in the loop)
-            while ordered[k] != old:
-                k += 1
-            for i in range(k, n - 1):
-                ordered[i] = ordered[i + 1]
-            n -= 1
-        k = n
-        while k > 0 and ordered[k - 1] > g:
-            ordered[k] = ordered[k - 1]
-            k -= 1
-        ordered[k] = g
-        n += 1
-        history[cursor[0]] = g
-        cursor[0] = (cursor[0] + 1) % capacity
-        count[0] = n
-    if n == 0:
-        threshold[0] = wp.float32(wp.inf)
-    else:
-        # numpy.percentile's default ("linear"): interpolate between the order statistics.
-        rank = percentile / wp.float64(100.0) * wp.float64(n - 1)
-        lo = int(wp.floor(rank))
-        hi = wp.min(lo + 1, n - 1)
-        frac = rank - wp.float64(lo)
-        a = wp.float64(ordered[lo])
-        b = wp.float64(ordered[hi])
-        threshold[0] = wp.float32(a + (b - a) * frac)
 
 
 def autoclip(
@@ -897,7 +563,7 @@ def autoclip(
 
     def apply(params: ParamSet, state: dict[str, wp.array], stats: FlatStats, skip: wp.array) -> None:
         wp.launch(
-            _autoclip_kernel,
+            autoclip_kernel,
             dim=1,
             inputs=[
                 wp.float64(percentile),
@@ -915,64 +581,6 @@ def autoclip(
         _scale_by_threshold(params, state, stats.norm)
 
     return _build_policy("autoclip", [ClipRule("autoclip", init, apply)], nonfinite, adjoint)
-
-
-@wp.kernel
-def _zclip_kernel(
-    alpha: wp.float64,
-    z_thresh: wp.float64,
-    eps: wp.float64,
-    warmup: int,
-    max_norm: wp.float64,
-    norm: wp.array(dtype=wp.float32),
-    skip: wp.array(dtype=wp.int32),
-    warm_buffer: wp.array(dtype=wp.float64),
-    warm_count: wp.array(dtype=wp.int32),
-    mean: wp.array(dtype=wp.float64),
-    var: wp.array(dtype=wp.float64),
-    threshold: wp.array(dtype=wp.float32),
-):
-    g = wp.float64(norm[0])
-    inf = wp.float64(wp.inf)
-    limit = inf
-    if skip[0] != 0 or not wp.isfinite(g):
-        threshold[0] = wp.float32(wp.min(limit, max_norm))
-        return
-    n = warm_count[0]
-    if n < warmup:
-        # Warmup: collect norms, clip only to the optional max_norm; then start the EMA.
-        warm_buffer[n] = g
-        n += 1
-        warm_count[0] = n
-        if n == warmup:
-            m = wp.float64(0.0)
-            for i in range(n):
-                m += warm_buffer[i]
-            m = m / wp.float64(n)
-            v = wp.float64(0.0)
-            for i in range(n):
-                d = warm_buffer[i] - m
-                v += d * d
-            mean[0] = m
-            var[0] = v / wp.float64(n)
-        threshold[0] = wp.float32(max_norm)
-        return
-    m = mean[0]
-    std = wp.sqrt(var[0])
-    z = (g - m) / (std + eps)
-    seen = g
-    if z > z_thresh:
-        # Adaptive scaling: the farther the outlier, the lower the limit.
-        clip_val = m + z_thresh * z_thresh * std / z
-        limit = clip_val
-        seen = clip_val
-    effective = wp.min(wp.min(limit, g), max_norm)
-    threshold[0] = wp.float32(wp.where(g > effective, effective, inf))
-    # The EMA sees the clipped value, not the spike.
-    m = alpha * m + (wp.float64(1.0) - alpha) * seen
-    d = seen - m
-    mean[0] = m
-    var[0] = alpha * var[0] + (wp.float64(1.0) - alpha) * d * d
 
 
 def zclip(
@@ -1022,12 +630,12 @@ def zclip(
     alpha = float(alpha)
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"clip.alpha must be in (0, 1), got {alpha}")
-    z_thresh = _check_limit("z_thresh", z_thresh, positive=True)
-    eps = _check_limit("eps", eps)
+    z_thresh = check_limit("z_thresh", z_thresh, positive=True)
+    eps = check_limit("eps", eps)
     if isinstance(warmup, bool) or int(warmup) != warmup or warmup < 1:
         raise ValueError(f"clip.warmup must be an integer >= 1, got {warmup!r}")
     warmup = int(warmup)
-    cap = math.inf if max_norm is None else _check_limit("max_norm", max_norm)
+    cap = math.inf if max_norm is None else check_limit("max_norm", max_norm)
 
     def init(params: ParamSet) -> dict[str, wp.array]:
         dev = params.device
@@ -1041,7 +649,7 @@ def zclip(
 
     def apply(params: ParamSet, state: dict[str, wp.array], stats: FlatStats, skip: wp.array) -> None:
         wp.launch(
-            _zclip_kernel,
+            zclip_kernel,
             dim=1,
             inputs=[
                 wp.float64(alpha),
@@ -1092,255 +700,3 @@ def chain(
     rules = [rule for policy in policies for rule in policy.rules]
     name = "chain(" + ",".join(rule.name for rule in rules) + ")"
     return _build_policy(name, rules, nonfinite, adjoint)
-
-
-# --------------------------------------------------------------------------- skipping an update
-
-
-@wp.kernel
-def _guard_copy_kernel(
-    chunk_offset: wp.array(dtype=wp.int64),
-    chunk_length: wp.array(dtype=wp.int32),
-    chunk_saved: wp.array(dtype=wp.int32),
-    saved: wp.array(dtype=wp.uint32),
-    restore: int,
-    skip: wp.array(dtype=wp.int32),
-):
-    c, j = wp.tid()
-    if j >= chunk_length[c]:
-        return
-    live = chunk_view(wp.uint64(0), chunk_offset[c], chunk_length[c], wp.uint32(0))
-    k = chunk_saved[c] + j
-    if restore == 0:
-        saved[k] = live[j]
-    elif skip[0] != 0:
-        live[j] = saved[k]
-
-
-class SkipGuard:
-    """Makes an optimizer step a no-op on the device when ``clip_state["skip"]`` is 1.
-
-    Works with any optimizer, without knowing its internals: :meth:`save` copies the
-    parameters and every array of the optimizer state (as raw 32-bit words, so integer
-    counters and floats come back bit-identical) before the step; :meth:`restore` copies
-    them back after the step when the skip flag is set. One launch each, no host branch;
-    the cost is two copies of parameters plus optimizer state per iteration. An optimizer
-    that reads the flag itself (``if skip[0]: return`` in its kernels) can replace the guard.
-
-    Args:
-        params: The parameters.
-        opt_state: The optimizer state; every ``wp.array`` value is covered.
-        skip: The device flag, ``clip_state["skip"]``.
-
-    Raises:
-        ValueError: If an array is not contiguous, not on the parameters' device, or not a
-            whole number of 32-bit words.
-    """
-
-    def __init__(self, params: ParamSet, opt_state: Mapping[str, Any], skip: wp.array):
-        arrays = [params.data, *(v for v in opt_state.values() if isinstance(v, wp.array))]
-        offsets, lengths, saved_starts = [], [], []
-        total = 0
-        for array in arrays:
-            nbytes = array.size * wp.types.type_size_in_bytes(array.dtype)
-            if not array.is_contiguous or array.device != params.device or nbytes % 4:
-                raise ValueError("SkipGuard: arrays must be contiguous, 32-bit aligned and on the parameters' device")
-            words = nbytes // 4
-            for start in range(0, words, 256):
-                offsets.append(array.ptr + 4 * start)
-                lengths.append(min(256, words - start))
-                saved_starts.append(total + start)
-            total += words
-        dev = params.device
-        self.skip = skip
-        self._chunk_offset = wp.array(np.array(offsets, np.int64), dtype=wp.int64, device=dev)
-        self._chunk_length = wp.array(np.array(lengths, np.int32), dtype=wp.int32, device=dev)
-        self._chunk_saved = wp.array(np.array(saved_starts, np.int32), dtype=wp.int32, device=dev)
-        self._saved = wp.zeros(max(total, 1), dtype=wp.uint32, device=dev)
-        self._dim = (len(offsets), max(lengths, default=0))
-        self._arrays = arrays  # keep the covered buffers alive
-
-    def _launch(self, restore: int) -> None:
-        wp.launch(
-            _guard_copy_kernel,
-            dim=self._dim,
-            inputs=[self._chunk_offset, self._chunk_length, self._chunk_saved, self._saved, restore, self.skip],
-            device=self._saved.device,
-        )
-
-    def save(self) -> None:
-        """Snapshot parameters and optimizer state (call right before the optimizer step)."""
-        self._launch(0)
-
-    def restore(self) -> None:
-        """Put the snapshot back if the skip flag is set (call right after the optimizer step)."""
-        self._launch(1)
-
-
-# --------------------------------------------------------------------------- functional API
-
-
-@dataclasses.dataclass
-class _Plan:
-    tables: list[ChunkTable]
-    norms: GroupNorms | None
-    result: wp.array | None
-    use_f64: bool
-    group_coef: wp.array
-    coef: wp.array
-    clipped: wp.array
-
-
-_PLANS: collections.OrderedDict[tuple, _Plan] = collections.OrderedDict()
-_PLAN_LIMIT = 64
-
-
-def _plan(grads: Sequence[wp.array], norm_type: float | None) -> _Plan:
-    """Chunk tables for a list of arrays (one per scalar type), cached by address and layout."""
-    device = grads[0].device
-    key_parts = []
-    for g in grads:
-        if not isinstance(g, wp.array):
-            raise TypeError(f"grads must be Warp arrays, got {type(g).__name__}")
-        if g.device != device:
-            raise ValueError(f"all gradients must be on one device, got {device} and {g.device}")
-        if not g.is_contiguous:
-            raise ValueError("gradients must be contiguous arrays")
-        key_parts.append((g.ptr, g.size, g.dtype))
-    key = (device.alias, norm_type, tuple(key_parts))
-    plan = _PLANS.get(key)
-    if plan is not None:
-        _PLANS.move_to_end(key)
-        return plan
-    by_type: dict[type, list[tuple[int, int, int]]] = {}
-    for index, g in enumerate(grads):
-        scalar = scalar_type_of(g.dtype)
-        count = g.size * wp.types.type_size(g.dtype) if scalar is not g.dtype else g.size
-        if count:
-            by_type.setdefault(scalar, []).append((g.ptr, count, index))
-    tables = [
-        ChunkTable.build(ranges, scalar_type=scalar, group_count=len(grads), device=device)
-        for scalar, ranges in by_type.items()
-    ]
-    use_f64 = wp.float64 in by_type
-    norms = None
-    result = None
-    if norm_type is not None:
-        norms = GroupNorms(
-            tables[0]
-            if tables
-            else ChunkTable.build([], scalar_type=wp.float32, group_count=len(grads), device=device),
-            norm_type=norm_type,
-            device=device,
-        )
-        result = norms.total if use_f64 else norms.norm
-    plan = _Plan(
-        tables=tables,
-        norms=norms,
-        result=result,
-        use_f64=use_f64,
-        group_coef=wp.ones(len(grads), dtype=wp.float32, device=device),
-        coef=wp.ones(1, dtype=wp.float32, device=device),
-        clipped=wp.zeros(1, dtype=wp.int32, device=device),
-    )
-    _PLANS[key] = plan
-    if len(_PLANS) > _PLAN_LIMIT:
-        _PLANS.popitem(last=False)
-    return plan
-
-
-def clip_grad_norm_(
-    grads: Sequence[wp.array],
-    max_norm: float,
-    norm_type: float | str = 2.0,
-    error_if_nonfinite: bool = False,
-    *,
-    device: wp.context.Devicelike = None,
-) -> wp.array:
-    """Clip a list of gradient arrays by their total p-norm, as ``torch.nn.utils.clip_grad_norm_``.
-
-    ``total = (sum over all entries of all arrays of |g|^p)^(1/p)`` (``max |g|`` for
-    ``p = inf``; the components of ``vec3``, ``spatial_vector``, ... count as entries),
-    ``coef = min(1, max_norm / (total + 1e-6))`` computed in the gradients' precision, and
-    every array is multiplied by ``coef`` in place, unconditionally. Hence: a zero total
-    leaves the gradients unchanged, ``max_norm = 0`` zeroes them, an inf total zeroes the
-    finite entries (inf entries become nan), a nan total makes everything nan; an empty
-    list returns 0.
-
-    Four launches per call (zero, reduce, finalize, scale) for gradients of one scalar
-    type (one more reduce and scale per further scalar type), whatever the number of
-    arrays; no host synchronisation unless ``error_if_nonfinite``, so the call can be
-    captured in a CUDA graph. The chunk tables are built once per list of arrays (keyed by
-    their addresses and layouts) and cached.
-
-    Args:
-        grads: Contiguous Warp arrays on one device, of float16/32/64 scalar type.
-        max_norm: Largest allowed total norm, ``>= 0`` (``torch`` accepts negative values
-            and flips the gradients; this raises).
-        norm_type: ``p``: any number ``> 0``, ``inf`` or ``"inf"``.
-        error_if_nonfinite: Raise if the total is nan or inf (reads the total on the host),
-            leaving the gradients unchanged.
-        device: Device of the returned zero for an empty list (default: Warp's default).
-
-    Returns:
-        The pre-clip total norm as a one-element device array (float32, or float64 when
-        any gradient is float64). It belongs to the cached plan for these arrays and is
-        overwritten by the next call on them; copy it to keep it.
-
-    Raises:
-        ValueError: For a negative or nan ``max_norm``, a bad ``norm_type``, mixed devices
-            or non-contiguous arrays.
-        RuntimeError: If ``error_if_nonfinite`` and the total is nan or inf.
-    """
-    max_norm = _check_limit("max_norm", max_norm)
-    norm_kind(norm_type)
-    grads = list(grads)
-    if not grads:
-        return wp.zeros(1, dtype=wp.float32, device=device)
-    plan = _plan(grads, float(norm_type))
-    norms = plan.norms
-    norms.zero()
-    for table in plan.tables:
-        norms.accumulate(table, 0)
-    norms.finalize()
-    if error_if_nonfinite and not np.isfinite(plan.result.numpy()[0]):
-        raise RuntimeError(
-            f"The total norm of order {float(norm_type)} for gradients is non-finite, so it cannot be clipped. "
-            "To disable this error and scale the gradients by the non-finite norm anyway, "
-            "set error_if_nonfinite=False"
-        )
-    for table in plan.tables:
-        _launch_scale_groups(
-            table,
-            0,
-            mode=_MODE_GLOBAL,
-            max_norm=max_norm,
-            norms=norms,
-            group_coef=plan.group_coef,
-            coef=plan.coef,
-            clipped=plan.clipped,
-            use_f64=plan.use_f64,
-        )
-    return plan.result
-
-
-def clip_grad_value_(grads: Sequence[wp.array], clip_value: float) -> None:
-    """Clamp every entry of a list of gradient arrays to ``[-clip_value, clip_value]`` in place.
-
-    As ``torch.nn.utils.clip_grad_value_``: nan passes through, ``+-inf`` becomes
-    ``+-clip_value``. One launch per scalar type present, whatever the number of arrays.
-
-    Args:
-        grads: Contiguous Warp arrays on one device, of float16/32/64 scalar type.
-        clip_value: ``v >= 0`` (``torch`` accepts negative values; this raises).
-
-    Raises:
-        ValueError: For a negative or nan ``clip_value``, mixed devices or non-contiguous arrays.
-    """
-    clip_value = _check_limit("clip_value", clip_value)
-    grads = list(grads)
-    if not grads:
-        return
-    plan = _plan(grads, None)
-    for table in plan.tables:
-        _launch_clamp(table, 0, clip_value, plan.coef, plan.clipped)

@@ -1,0 +1,57 @@
+"""Gradient clipping after backward: policies over the flat gradient, the non-finite policy
+and a PyTorch-style functional API.
+
+The package is split the way Newton splits device code from host code:
+
+* :mod:`harness.clip.kernels`: every clip kernel and the launches that run them.
+* :mod:`harness.clip.policies`: the clip policies (:class:`ClipPolicy`), each built by a
+  factory that can be the ``_target_`` of a Hydra config under ``configs/clip/``:
+  :func:`no_clip`, :func:`clip_by_value`, :func:`clip_by_global_norm`,
+  :func:`clip_by_norm_per_param`, :func:`adaptive_grad_clip` (AGC), :func:`autoclip`,
+  :func:`zclip` and :func:`chain`.
+* :mod:`harness.clip.nonfinite`: the ``nonfinite`` setting every policy carries (``skip``,
+  ``zero``, ``error``), :class:`NonFiniteGradientError` and :class:`SkipGuard`, which makes
+  an optimizer step a no-op on the device.
+* :mod:`harness.clip.functional`: :func:`clip_grad_norm_` and :func:`clip_grad_value_` over a
+  list of Warp arrays of any float dtype.
+
+Clipping inside the backward pass is :mod:`harness.adjoint` (its setting travels with the
+policy, ``clip.adjoint``); clipping at one point of a kernel is :mod:`harness.adjoint_funcs`.
+"""
+
+from harness.clip.functional import clip_grad_norm_, clip_grad_value_
+from harness.clip.nonfinite import NONFINITE_MODES, NonFiniteGradientError, SkipGuard
+from harness.clip.policies import (
+    AdjointSettings,
+    ClipPolicy,
+    ClipRule,
+    adaptive_grad_clip,
+    agc_units,
+    autoclip,
+    chain,
+    clip_by_global_norm,
+    clip_by_norm_per_param,
+    clip_by_value,
+    no_clip,
+    zclip,
+)
+
+__all__ = [
+    "NONFINITE_MODES",
+    "AdjointSettings",
+    "ClipPolicy",
+    "ClipRule",
+    "NonFiniteGradientError",
+    "SkipGuard",
+    "adaptive_grad_clip",
+    "agc_units",
+    "autoclip",
+    "chain",
+    "clip_by_global_norm",
+    "clip_by_norm_per_param",
+    "clip_by_value",
+    "clip_grad_norm_",
+    "clip_grad_value_",
+    "no_clip",
+    "zclip",
+]
