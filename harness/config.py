@@ -428,9 +428,10 @@ def apply_task_env_defaults(cfg: DictConfig, choices: Mapping[str, Any], overrid
     values = (block or {}).get(str(choices.get("env")))
     if not values:
         return
+    values = OmegaConf.to_container(values, resolve=False)  # an interpolation follows the final config
     # what the command line sets: a value (env.tilt) or a whole group's option (loss=...);
-    # the env's own choice (+env=cartpole) is what selected these defaults
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides} - {"env"}
+    # the env's and the task's own choices (+env=cartpole task=policy) selected these defaults
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides} - {"env", "task"}
     for key, value in values.items():
         if any(key == g or key.startswith(g + ".") for g in given):
             continue
@@ -455,10 +456,19 @@ def run_overrides(run_dir: Path, command: str) -> list[str]:
     return [o for o in yaml.safe_load(found.read_text()) or [] if not o.startswith(("resume=", "device="))]
 
 
+def divide(numerator: int, denominator: int) -> int:
+    """``${harness.div:a,b}``: ``a // b`` (a config value that follows another, e.g.
+    ``task.window: ${harness.div:${env.horizon},2}``, half the horizon whatever it is)."""
+    return int(numerator) // int(denominator)
+
+
 def register_resolvers() -> None:
-    """Register the ``harness.run_name_suffix`` resolver the configs' ``hydra.run.dir`` uses."""
+    """Register the configs' resolvers: ``harness.run_name_suffix`` (``hydra.run.dir``) and
+    ``harness.div`` (integer division)."""
     if not OmegaConf.has_resolver("harness.run_name_suffix"):
         OmegaConf.register_new_resolver("harness.run_name_suffix", run_name_suffix)
+    if not OmegaConf.has_resolver("harness.div"):
+        OmegaConf.register_new_resolver("harness.div", divide)
 
 
 def compose_config(config_name: str, overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import run_harness
 
-POLICY = ["+env=cartpole", "task=policy", "task.hidden=[8]", "env.horizon=8", "env.world_count=2"]
+POLICY = ["+env=cartpole", "task=policy", "task.hidden=[8]", "env.horizon=8", "task.window=null", "env.world_count=2"]
 
 
 def train(tmp_path, name: str, *args: str) -> None:

@@ -150,6 +150,32 @@ def test_windows_continue_the_episode_and_a_new_episode_starts_fresh():
     assert np.all(starts[3].reshape(2, 3)[:, 0] == 0.0)  # a drawn start: the cart at the centre
 
 
+@pytest.mark.parametrize("capture", [False, True])
+def test_before_carry_from_every_window_starts_fresh_then_windows_carry(capture):
+    """horizon 12, window 4, carry_from 4: iterations 0 to 3 each start from a fresh draw
+    (the iteration's own), iteration 4 continues where iteration 3 ended, iteration 6 (a
+    multiple of the 3 windows per episode) starts fresh again; eager and captured alike."""
+    t = trainer(small_policy(window=4, carry_from=4), iterations=1, capture=capture, horizon=12)
+    env, step = t.env, t.step
+    key = wp.zeros(1, dtype=wp.int32, device="cpu")
+    starts, ends, draws = [], [], []
+    for it in range(7):
+        step.set_iteration(it)
+        step.iteration()
+        starts.append(env.state(0).joint_q.numpy().copy())
+        ends.append(env.state(4).joint_q.numpy().copy())
+    for it in range(7):  # what iteration `it` draws, drawn again outside training
+        key.fill_(it)
+        env.draw_initial(key)
+        draws.append(env.initial_state()["joint_q"].numpy().copy())
+    env.restore_initial()
+    for it in (0, 1, 2, 3, 6):
+        np.testing.assert_array_equal(starts[it], draws[it], err_msg=f"iteration {it}")
+    np.testing.assert_array_equal(starts[4], ends[3])
+    np.testing.assert_array_equal(starts[5], ends[4])
+    assert not np.array_equal(starts[4], draws[4])
+
+
 def test_evaluation_rollouts_start_from_the_env_own_states_and_do_not_disturb_training(tmp_path):
     t = trainer(small_policy(window=4), iterations=2, capture=False, horizon=12)
     env = t.env
@@ -205,10 +231,19 @@ def test_upright_fraction_counts_worlds_upright_over_the_last_quarter():
         (["task.activation=gelu"], "task.activation", "tanh"),
         (["task.hidden=[0]"], "task.hidden", ">= 1"),
         (["task.action_scale=0"], "task.action_scale", "> 0"),
+        (["task.carry_from=-1"], "task.carry_from", ">= 0"),
         (["+env=ball"], "task: policy maps observations to actions", "cartpole"),
         (["task.window=4", "memory.segment_steps=2"], "memory.segment_steps: task.window=4", "task.window=null"),
     ],
-    ids=["window", "activation", "hidden", "action_scale", "env_without_observations", "window_with_segments"],
+    ids=[
+        "window",
+        "activation",
+        "hidden",
+        "action_scale",
+        "carry_from",
+        "env_without_observations",
+        "window_with_segments",
+    ],
 )
 def test_bad_policy_settings_are_refused_in_one_line(args, field, accepted):
     """Checked where every command validates its config (tests/test_errors.py covers the
@@ -266,10 +301,13 @@ def test_task_settings_per_env_apply_under_the_command_line():
     from harness import config
 
     cfg, _ = config.compose_config("train", ["+env=cartpole", "task=policy"])
-    assert (cfg.env.horizon, cfg.env.tilt, cfg.env.world_count) == (480, 0.1, 32)
+    assert (cfg.env.horizon, cfg.task.window, cfg.env.tilt, cfg.env.world_count) == (960, 480, 0.1, 32)
+    assert (cfg.iterations, cfg.task.carry_from) == (1200, 300)
     assert "per_env" not in cfg.task  # consumed: the task is built without it
     cfg, _ = config.compose_config("train", ["+env=cartpole", "task=policy", "env.horizon=240", "iterations=7"])
-    assert (cfg.env.horizon, cfg.env.tilt, cfg.iterations) == (240, 0.1, 7)
+    assert (cfg.env.horizon, cfg.task.window, cfg.env.tilt, cfg.iterations) == (240, 120, 0.1, 7)  # half, still
+    cfg, _ = config.compose_config("train", ["+env=cartpole", "task=policy", "task.window=null"])
+    assert (cfg.env.horizon, cfg.task.window) == (960, None)
     cfg, _ = config.compose_config("train", ["+env=cartpole"])
     assert (cfg.env.horizon, cfg.env.tilt, cfg.env.world_count, cfg.iterations) == (240, 0.2, 4, 100)
 

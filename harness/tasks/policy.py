@@ -82,9 +82,13 @@ def _activation(z: wp.array3d(dtype=wp.float32), t: int, kind: int, scale: float
 
 
 @wp.kernel
-def _episode_flags(counter: wp.array(dtype=wp.int32), windows_per_episode: int, carry: wp.array(dtype=wp.int32)):
-    """1 when this iteration's window continues an episode, 0 at an episode's start."""
-    carry[0] = wp.where(counter[0] % windows_per_episode == 0, 0, 1)
+def _episode_flags(
+    counter: wp.array(dtype=wp.int32), windows_per_episode: int, carry_from: int, carry: wp.array(dtype=wp.int32)
+):
+    """1 when this iteration's window continues an episode, 0 at an episode's start (every
+    window before iteration ``carry_from`` starts one)."""
+    fresh = counter[0] < carry_from or counter[0] % windows_per_episode == 0
+    carry[0] = wp.where(fresh, 0, 1)
 
 
 @dataclasses.dataclass
@@ -106,6 +110,10 @@ class Policy(Task):
             ``+-action_scale`` in the env's units (N for the cartpole).
         window: Steps per optimizer step during training (null: the env's horizon, full
             backpropagation through time); must divide the env's horizon.
+        carry_from: With ``window`` set, the iteration from which a window starts where the
+            previous one ended; before it every window starts a new episode from fresh
+            draws (a curriculum: learn to recover from the starts before learning from the
+            states a policy drifts into). 0: from the first iteration.
         random_starts: Draw every world's initial state anew at each episode start during
             training (true), or train from the env's own initial states (false).
         seed: Seeds the initial weights.
@@ -122,6 +130,7 @@ class Policy(Task):
         activation: str = "tanh",
         action_scale: float = 1.0,
         window: int | None = None,
+        carry_from: int = 0,
         random_starts: bool = True,
         seed: int = 0,
         init_scale: float = 0.1,
@@ -137,6 +146,8 @@ class Policy(Task):
             raise schema.SchemaError(f"task.action_scale: must be a number > 0, got {action_scale!r}")
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise schema.SchemaError(f"task.window: must be null or an integer >= 1, got {window!r}")
+        if isinstance(carry_from, bool) or not isinstance(carry_from, int) or carry_from < 0:
+            raise schema.SchemaError(f"task.carry_from: must be an integer >= 0, got {carry_from!r}")
         if not isinstance(random_starts, bool):
             raise schema.SchemaError(f"task.random_starts: expected true or false, got {random_starts!r}")
         if not (isinstance(init_scale, int | float) and init_scale >= 0):
@@ -145,6 +156,7 @@ class Policy(Task):
         self.activation = activation
         self.action_scale = float(action_scale)
         self.window = window
+        self.carry_from = carry_from
         self.random_starts = random_starts
         self.seed = int(seed)
         self.init_scale = float(init_scale)
@@ -250,8 +262,8 @@ class Policy(Task):
                 env.restore_initial()
             if self._windowed(env):
                 per_episode = self._episode // env.horizon
-                wp.launch(_episode_flags, dim=1, inputs=[self._key, per_episode], outputs=[buffers.carry],
-                          device=env.device)  # fmt: skip
+                wp.launch(_episode_flags, dim=1, inputs=[self._key, per_episode, self.carry_from],
+                          outputs=[buffers.carry], device=env.device)  # fmt: skip
                 env.carry_final(buffers.carry)
         env.reset()
 
