@@ -19,8 +19,8 @@ from harness.params import ParamSet
 NONFINITE_MODES = ("skip", "zero", "error")
 """Accepted values of a policy's ``nonfinite`` setting."""
 
-SKIP, ZERO, ERROR = 0, 1, 2
-"""Each mode's index in :data:`NONFINITE_MODES`, as the kernels receive it."""
+ZERO = NONFINITE_MODES.index("zero")
+"""The ``zero`` mode's index, as ``nonfinite_stage_kernel`` receives it (skip 0, zero 1, error 2)."""
 
 
 class NonFiniteGradientError(FloatingPointError):
