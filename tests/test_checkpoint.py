@@ -262,6 +262,7 @@ def test_resume_by_bare_file_name_from_inside_the_checkpoints_folder(tmp_path, m
     assert checkpoint.load(checkpoint.list_checkpoints(folder)[-1]).iteration == 8  # continued in the run folder
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_resuming_twice_from_an_old_checkpoint_keeps_both_abandoned_branches(tmp_path, make_checkpoints):
     run_dir = make_checkpoints(tmp_path)
     folder = checkpoint.checkpoint_dir(run_dir)

@@ -319,6 +319,7 @@ def test_parallel_jobs_share_a_cold_kernel_cache_compiled_once_before_launch(tmp
     assert len(list(cache.rglob("*featherstone*"))) >= 1
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_report_treats_seeds_as_replicates_and_plots_against_the_threshold(tmp_path):
     sweep = tmp_path / "sweep"
     proc = harness(
