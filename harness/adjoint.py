@@ -26,14 +26,66 @@ TensorBoard scalars and an image.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import warp as wp
 
 from harness.events import figure_rgb
 
-__all__ = ["AdjointClipper", "profile_histogram_values", "profile_image", "profile_summary"]
+__all__ = ["AdjointClipper", "AdjointSettings", "profile_histogram_values", "profile_image", "profile_summary"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AdjointSettings:
+    """In-backward clipping of the simulation state's adjoint: the trainer's ``adjoint``
+    argument, configured as ``clip.adjoint`` (``configs/base/clip.yaml``).
+
+    Attributes:
+        max_norm: Largest per-world norm of a state adjoint between two simulation steps;
+            None turns the clip off, ``inf`` measures without scaling.
+        profile: Record the per-step pre-clip adjoint norms even when ``max_norm`` is None.
+    """
+
+    max_norm: float | None = None
+    profile: bool = False
+
+    @property
+    def active(self) -> bool:
+        """Whether the trainer must hook the rollout (clip or profile)."""
+        return self.max_norm is not None or self.profile
+
+    @classmethod
+    def parse(cls, value: Mapping[str, Any] | AdjointSettings | None) -> AdjointSettings:
+        """The settings from ``clip.adjoint`` (a mapping with ``max_norm`` and ``profile``), or None (off).
+
+        Raises:
+            ValueError: One line naming ``clip.adjoint.<field>`` and what is accepted.
+        """
+        if value is None:
+            return cls()
+        if isinstance(value, AdjointSettings):
+            return value
+        unknown = set(value) - {"max_norm", "profile"}
+        if unknown:
+            raise ValueError(f"clip.adjoint accepts max_norm and profile, got {sorted(unknown)}")
+        max_norm = value.get("max_norm")
+        if max_norm is not None:
+            if isinstance(max_norm, bool):
+                raise ValueError(f"clip.adjoint.max_norm must be null or a number >= 0, got {max_norm!r}")
+            try:
+                max_norm = float(max_norm)
+            except (TypeError, ValueError):
+                raise ValueError(f"clip.adjoint.max_norm must be null or a number >= 0, got {max_norm!r}") from None
+            if not max_norm >= 0.0:
+                raise ValueError(f"clip.adjoint.max_norm must be null or >= 0, got {max_norm}")
+        profile = value.get("profile", False)
+        if not isinstance(profile, bool):
+            raise ValueError(f"clip.adjoint.profile must be true or false, got {profile!r}")
+        return cls(max_norm=max_norm, profile=profile)
 
 
 MAX_STATE_ARRAYS = 8

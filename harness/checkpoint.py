@@ -37,6 +37,20 @@ SUFFIX = ".hckpt"
 _NAME = re.compile(r"^ckpt_(\d+)\.hckpt$")
 
 
+RENAMED: dict[str, dict[str, str]] = {
+    "clip": {"norm": "global_norm"},
+    "schedule": {"cosine": "cosine_decay", "step": "step_decay"},
+}
+"""Option names that changed, by config group: ``{old: new}``. One thing has one name (the
+config file, the factory's suffix, what a checkpoint records); checkpoints and run folders
+written under an old name still load, read under the new one."""
+
+
+def current_name(group: str, name: Any) -> Any:
+    """``name`` of an option of ``group`` under its current name (itself unless renamed)."""
+    return RENAMED.get(group, {}).get(name, name) if isinstance(name, str) else name
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and the reason."""
 
@@ -194,7 +208,7 @@ def check_fits(
             f"accepted: iterations >= {saved.iteration}"
         )
     for key, mine in (components or {}).items():
-        if meta.get(key) != mine:
+        if current_name(key, meta.get(key)) != mine:
             raise CheckpointError(
                 f"{field}: checkpoint '{path}' does not fit this run: its {key} is {meta.get(key)!r}, "
                 f"this run's is {mine!r}"

@@ -32,6 +32,10 @@ after the package's own: a user's ``env/my_robot.yaml`` there is ``+env=my_robot
 GROUPS = ("env", "task", "loss", "optim", "clip", "schedule")
 """Config groups that select a typed object."""
 
+BASE_GROUP = "base"
+"""Config files shared by every option of a group (``base/clip.yaml``, ``base/schedule.yaml``),
+placed by the options' defaults lists; not a choice of the command line."""
+
 
 class ConfigError(ValueError):
     """A bad configuration value; the message names the field and what is accepted."""
@@ -64,12 +68,13 @@ def available(group: str, overrides: list[str] | None = None) -> list[str]:
 
 
 def groups() -> list[str]:
-    """The config groups a command line may choose from (``hydra`` excluded)."""
+    """The config groups a command line may choose from (``hydra`` and :data:`BASE_GROUP` excluded)."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return sorted(g for g in GlobalHydra.instance().config_loader().list_groups("") if g != "hydra")
+        found = GlobalHydra.instance().config_loader().list_groups("")
+        return sorted(g for g in found if g not in ("hydra", BASE_GROUP))
 
 
 def require_env(cfg: DictConfig) -> None:
@@ -92,6 +97,7 @@ class Run:
     settings: Any
     task: Any = None
     segment_steps: int | None = None  # memory.segment_steps resolved for the env (the env is built with it)
+    adjoint: Any = None  # clip.adjoint: harness.adjoint.AdjointSettings
 
     def trainer(self, settings: Any = None) -> Any:
         """The :class:`~harness.training.Trainer` of this run (optionally with other loop settings)."""
@@ -105,6 +111,7 @@ class Run:
             settings or self.settings,
             schedule=self.schedule,
             task=self.task,
+            adjoint=self.adjoint,
         )
 
 
@@ -153,7 +160,7 @@ def check_group_types(cfg: DictConfig, choices: Mapping[str, Any]) -> None:
         _check_types(value, default, group)
 
 
-def _instantiate(cfg: DictConfig, group: str, **kwargs: Any) -> Any:
+def _instantiate(cfg: DictConfig | dict, group: str, **kwargs: Any) -> Any:
     try:
         return hydra.utils.instantiate(cfg[group], _convert_="all", **kwargs)
     except hydra.errors.InstantiationException as exc:
@@ -161,6 +168,33 @@ def _instantiate(cfg: DictConfig, group: str, **kwargs: Any) -> Any:
         if isinstance(cause, ValueError):
             raise ConfigError(str(cause).splitlines()[0]) from None
         raise ConfigError(f"{group}: could not be built ({str(cause or exc).splitlines()[0]})") from None
+
+
+CLIP_SETTINGS = ("nonfinite", "adjoint")
+"""Keys of the ``clip`` group that are not arguments of the policy's factory
+(``configs/base/clip.yaml``): the non-finite wrapper and clipping inside backward."""
+
+
+def build_clip(cfg: DictConfig) -> tuple[Any, Any]:
+    """The ``clip`` section as a policy in its non-finite wrapper, and the adjoint settings.
+
+    ``_target_`` and its arguments build the bare policy; ``clip.nonfinite`` picks the
+    wrapper (:func:`harness.clip.with_nonfinite`), ``clip.adjoint`` the
+    :class:`~harness.adjoint.AdjointSettings`.
+
+    Raises:
+        ConfigError: One line naming the field and what is accepted.
+    """
+    from harness.adjoint import AdjointSettings
+    from harness.clip import with_nonfinite
+
+    section = OmegaConf.to_container(cfg.clip, resolve=True)
+    settings = {key: section.pop(key) for key in CLIP_SETTINGS if key in section}
+    policy = _instantiate({"clip": section}, "clip")
+    try:
+        return with_nonfinite(policy, settings.get("nonfinite", "skip")), AdjointSettings.parse(settings.get("adjoint"))
+    except ValueError as exc:
+        raise ConfigError(_first_line(exc)) from None
 
 
 def check_env_fields(cfg: DictConfig) -> tuple[Any, Any]:
@@ -264,11 +298,13 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
         raise ConfigError(
             f"capture: env '{env_class.name}' cannot be captured ({note}); accepted: capture=auto or false"
         )
+    clip, adjoint = build_clip(cfg)
     return Run(
         env=None,
         loss=loss,
         optimizer=_instantiate(cfg, "optim"),
-        clip=_instantiate(cfg, "clip"),
+        clip=clip,
+        adjoint=adjoint,
         schedule=_instantiate(cfg, "schedule") if cfg.get("schedule") is not None else None,
         settings=settings,
         task=task,
@@ -384,8 +420,13 @@ def _explain_override(config_name: str, overrides: list[str], exc: BaseException
 def _check_choice(group: str, value: Any, overrides: list[str]) -> None:
     options = available(group, overrides)
     values = value if isinstance(value, list) else [value]
+    from harness.checkpoint import current_name
+
     for v in values:
         if v is not None and str(v) not in options:
+            new = current_name(group, str(v))
+            if new != str(v) and new in options:
+                raise ConfigError(f"{group}: '{v}' was renamed; use {group}={new}")
             raise ConfigError(f"{group}: '{v}' is not an option; accepted: {', '.join(options)}")
 
 
@@ -442,6 +483,8 @@ def apply_task_env_defaults(cfg: DictConfig, choices: Mapping[str, Any], overrid
 def run_overrides(run_dir: Path, command: str) -> list[str]:
     """The command-line overrides a run folder was trained with (``.hydra/overrides.yaml``),
     less ``resume=`` and ``device=``: what ``render`` and ``evaluate`` compose its config from.
+    A config group chosen under an option's old name (``clip=norm``) is read under its
+    current one (:data:`harness.checkpoint.RENAMED`).
 
     Raises:
         ConfigError: One line: ``run_dir`` is not a run folder.
@@ -453,7 +496,17 @@ def run_overrides(run_dir: Path, command: str) -> list[str]:
         raise ConfigError(
             f"{command}: '{run_dir}' is not a run folder (no .hydra/overrides.yaml); accepted: outputs/<env>/<time>"
         )
-    return [o for o in yaml.safe_load(found.read_text()) or [] if not o.startswith(("resume=", "device="))]
+    from harness.checkpoint import current_name
+
+    kept = [o for o in yaml.safe_load(found.read_text()) or [] if not o.startswith(("resume=", "device="))]
+    return [_renamed_override(o, current_name) for o in kept]
+
+
+def _renamed_override(override: str, current_name: Any) -> str:
+    """``clip=norm`` as ``clip=global_norm``: an override choosing a renamed option, under its current name."""
+    key, sep, value = override.partition("=")
+    group = key.lstrip("+~")
+    return f"{key}{sep}{current_name(group, value)}" if sep else override
 
 
 def divide(numerator: int, denominator: int) -> int:

@@ -110,7 +110,8 @@ class Schedule:
     """A learning-rate schedule; built by the factories of this module.
 
     Attributes:
-        name: The option name (``"constant"``, ``"linear_warmup"``, ``"cosine"``, ``"step"``).
+        name: The option name (``"constant"``, ``"linear_warmup"``, ``"cosine_decay"``, ``"step_decay"``): the
+            factory's name, the file of ``configs/schedule/`` and what a checkpoint records.
         hyperparameters: The validated keyword arguments of the factory, for logs and hparams.
     """
 
@@ -358,7 +359,7 @@ def cosine_decay(
 
     Args:
         decay_steps: ``T``, steps from the full rate to ``min_factor``, ``>= 1``
-            (``configs/schedule/cosine.yaml`` sets it to the run's ``iterations``).
+            (``configs/schedule/cosine_decay.yaml`` sets it to the run's ``iterations``).
         min_factor: ``m``, final factor, in ``[0, 1]``.
         warmup_steps: Linear warmup steps before the decay, ``>= 0``.
         start_factor: Warmup factor of the first step, in ``[0, 1]``.
@@ -371,7 +372,7 @@ def cosine_decay(
         ValueError: If an argument is out of range (the message names ``schedule.<field>``).
     """
     shape = {"decay_steps": _integer("decay_steps", decay_steps, 1), "min_factor": _unit("min_factor", min_factor)}
-    return _build("cosine", _COSINE, shape, warmup_steps=warmup_steps, start_factor=start_factor, **clip_rule)
+    return _build("cosine_decay", _COSINE, shape, warmup_steps=warmup_steps, start_factor=start_factor, **clip_rule)
 
 
 def step_decay(
@@ -400,8 +401,8 @@ def step_decay(
         ValueError: If an argument is out of range (the message names ``schedule.<field>``).
     """
     shape = {"step_size": _integer("step_size", step_size, 1), "gamma": _unit("gamma", gamma, open_low=True)}
-    return _build("step", _STEP, shape, warmup_steps=warmup_steps, start_factor=start_factor, **clip_rule)
+    return _build("step_decay", _STEP, shape, warmup_steps=warmup_steps, start_factor=start_factor, **clip_rule)
 
 
-SCHEDULES = {"constant": constant, "linear_warmup": linear_warmup, "cosine": cosine_decay, "step": step_decay}
+SCHEDULES = {f.__name__: f for f in (constant, linear_warmup, cosine_decay, step_decay)}
 """Factories by option name; the same names as the files of ``configs/schedule/``."""

@@ -61,6 +61,7 @@ def make_trainer(
     capture: bool | str = "auto",
     device: str = "cpu",
     plot_every: int | None = None,
+    adjoint: dict | None = None,
     **env_kw,
 ) -> Trainer:
     """A trainer on the real cartpole; Adam(lr), norm clip at max_norm and the upright loss by
@@ -80,6 +81,7 @@ def make_trainer(
             plot_every=plot_every,
         ),
         schedule=schedule,
+        adjoint=adjoint,
     )
 
 

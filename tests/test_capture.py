@@ -123,14 +123,16 @@ def test_captured_run_matches_eager_for_every_schedule(tmp_path, name):
 
 @pytest.mark.parametrize("adjoint", [{"max_norm": 1e-4}, {"max_norm": None, "profile": True}])
 def test_captured_run_matches_eager_with_in_backward_adjoint_clipping(tmp_path, adjoint):
-    graph, _ = assert_same_run(tmp_path, clip=clips.clip_by_global_norm(1.0, adjoint=adjoint))
+    graph, _ = assert_same_run(tmp_path, clip=clips.clip_by_global_norm(1.0), adjoint=adjoint)
     assert graph.step.adjoint.profile().max() > 0.0
 
 
 @pytest.mark.parametrize("nonfinite", ["skip", "zero", "error"])
 def test_captured_run_matches_eager_under_every_nonfinite_policy(tmp_path, nonfinite):
     """SGD at 1e30 blows the simulation up after the first update: later gradients are nan."""
-    _graph, summary = assert_same_run(tmp_path, optimizer=optim.sgd(1e30), clip=clips.no_clip(nonfinite=nonfinite))
+    _graph, summary = assert_same_run(
+        tmp_path, optimizer=optim.sgd(1e30), clip=clips.with_nonfinite(clips.no_clip(), nonfinite)
+    )
     if nonfinite == "error":
         assert summary is None  # both raised, naming the same iteration and parameter
     else:
@@ -182,7 +184,8 @@ def test_captured_run_matches_eager_on_every_device(tmp_path, device):
         tmp_path,
         device=device,
         rtol=0.0 if exact_on(device) else 1e-4,
-        clip=clips.clip_by_global_norm(TIGHT, adjoint={"max_norm": 1e-3}),
+        clip=clips.clip_by_global_norm(TIGHT),
+        adjoint={"max_norm": 1e-3},
         schedule=schedules.cosine_decay(decay_steps=7, warmup_steps=2),
     )
 

@@ -279,7 +279,7 @@ def test_resuming_twice_from_an_old_checkpoint_keeps_both_abandoned_branches(tmp
 
 def test_a_changed_value_derived_from_iterations_is_named_with_its_source(tmp_path):
     run_dir = tmp_path / "run"
-    args = [*RUN, "schedule=cosine", "checkpoint.every=2", f"hydra.run.dir={run_dir}"]
+    args = [*RUN, "schedule=cosine_decay", "checkpoint.every=2", f"hydra.run.dir={run_dir}"]
     assert train([*args, "iterations=4"], tmp_path).returncode == 0
     proc = train([*args, "iterations=6", "resume=auto"], tmp_path)
     assert proc.returncode == 2

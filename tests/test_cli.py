@@ -126,7 +126,7 @@ def test_hydra_inspection_flags_work_as_in_any_hydra_app(tmp_path):
     assert yaml.safe_load(short.stdout)["env"]["seed"] == 0  # resolved from ${seed}
     info = harness("train", "+env=cartpole", "--info", "defaults", cwd=tmp_path)
     assert info.returncode == 0, info.stderr
-    assert "env/cartpole" in info.stdout and "clip/norm" in info.stdout
+    assert "env/cartpole" in info.stdout and "clip/global_norm" in info.stdout and "base/clip" in info.stdout
     for args in (("train", "--help"), ("gradcheck", "--help")):
         helped = harness(*args, cwd=tmp_path)
         assert helped.returncode == 0, helped.stderr

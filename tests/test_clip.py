@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import warp as wp
 
+from harness import config
+from harness.adjoint import AdjointSettings
 from harness.clip import (
     NonFiniteGradientError,
     adaptive_grad_clip,
@@ -16,12 +18,15 @@ from harness.clip import (
     clip_by_global_norm,
     clip_by_norm_per_param,
     clip_by_value,
+    error_if_nonfinite,
     no_clip,
+    skip_if_nonfinite,
     zclip,
+    zero_nonfinite,
 )
 from harness.params import CHUNK, ParamSet, ParamSpec
 from harness.stats import FlatStats
-from tests.helpers import make_trainer
+from tests.helpers import compose_run, make_trainer
 
 
 def make_params() -> ParamSet:
@@ -120,10 +125,12 @@ def test_no_clip_leaves_gradients_untouched():
     assert state["clipped"].numpy()[0] == 0
 
 
-def test_global_norm_update_is_two_launches_without_host_round_trip(monkeypatch):
-    """The non-finite stage and one scale over the flat gradient, nothing read back."""
+@pytest.mark.parametrize(("wrap", "launches"), [(lambda p: p, 1), (skip_if_nonfinite, 2)], ids=["bare", "skip"])
+def test_global_norm_update_is_one_launch_without_host_round_trip(monkeypatch, wrap, launches):
+    """One scale over the flat gradient, plus the non-finite stage when wrapped; nothing read back."""
+    expected = launches
     params = make_params()
-    policy = clip_by_global_norm(max_norm=1.0)
+    policy = wrap(clip_by_global_norm(max_norm=1.0))
     state = policy.init(params)
     stats = FlatStats(params)
     stats.compute(params.grad)
@@ -137,7 +144,7 @@ def test_global_norm_update_is_two_launches_without_host_round_trip(monkeypatch)
     monkeypatch.setattr(wp.array, "numpy", forbidden)
     monkeypatch.setattr(wp, "synchronize", forbidden)
     policy.update(params, state, stats)
-    assert len(launches) == 2
+    assert len(launches) == expected
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan")])
@@ -219,8 +226,8 @@ def test_value_policy_clamps_passes_nan_and_reports_the_smallest_factor():
     params = make_params()
     grad = random_grad(params.size, 1.0)
     grad[0], grad[1], grad[2], grad[3] = np.nan, np.inf, -np.inf, 4.0
-    got, state = clip(params, clip_by_value(0.5, nonfinite="zero"), grad)
-    # nonfinite=zero runs before the rule: nan/inf became 0.
+    got, state = clip(params, zero_nonfinite(clip_by_value(0.5)), grad)
+    # the zero_nonfinite wrapper runs before the rule: nan/inf became 0.
     assert got[0] == got[1] == got[2] == 0.0
     got, state = clip(params, clip_by_value(0.5), grad)
     want = np.where(np.isnan(grad), grad, np.clip(grad, -0.5, 0.5))
@@ -393,7 +400,7 @@ def nan_grad(params: ParamSet) -> np.ndarray:
 def test_zero_policy_replaces_nan_and_inf_by_zero_then_clips_the_rest():
     params = make_params()
     grad = nan_grad(params)
-    got, state = clip(params, clip_by_global_norm(1.0, nonfinite="zero"), grad)
+    got, state = clip(params, zero_nonfinite(clip_by_global_norm(1.0)), grad)
     cleaned = np.where(np.isfinite(grad), grad, 0.0).astype(np.float32)
     want, _ = torch_clip_reference(cleaned, 1.0)
     np.testing.assert_allclose(got, want, rtol=2e-6)
@@ -402,7 +409,7 @@ def test_zero_policy_replaces_nan_and_inf_by_zero_then_clips_the_rest():
 
 def test_error_policy_names_the_iteration_and_the_parameter():
     params = make_params()
-    policy = clip_by_global_norm(1.0, nonfinite="error")
+    policy = error_if_nonfinite(clip_by_global_norm(1.0))
     state = policy.init(params)
     stats = FlatStats(params)
     for it in range(3):
@@ -417,7 +424,7 @@ def test_error_policy_names_the_iteration_and_the_parameter():
 
 def test_skip_policy_keeps_the_nan_iteration_out_of_autoclip_history():
     params = make_params()
-    policy = autoclip(50.0, history=8)
+    policy = skip_if_nonfinite(autoclip(50.0, history=8))
     state = policy.init(params)
     stats = FlatStats(params)
     for grad in (random_grad(params.size, 1.0), nan_grad(params), random_grad(params.size, 2.0, seed=1)):
@@ -433,8 +440,6 @@ def test_skip_policy_keeps_the_nan_iteration_out_of_autoclip_history():
     [
         (clip_by_value, {"clip_value": -1.0}, "clip_value"),
         (clip_by_global_norm, {"max_norm": 1.0, "norm_type": 0.0}, "norm_type"),
-        (clip_by_global_norm, {"max_norm": 1.0, "nonfinite": "ignore"}, "nonfinite"),
-        (clip_by_global_norm, {"max_norm": 1.0, "adjoint": {"max_norm": -1.0}}, "adjoint.max_norm"),
         (adaptive_grad_clip, {"clipping": 0.0}, "clipping"),
         (autoclip, {"percentile": 101.0}, "percentile"),
         (autoclip, {"history": 0}, "history"),
@@ -447,13 +452,37 @@ def test_bad_arguments_name_the_field(factory, kwargs, field):
         factory(**kwargs)
 
 
-def test_adjoint_settings_travel_with_the_policy():
-    policy = hydra.utils.instantiate(
-        {"_target_": "harness.clip.no_clip", "nonfinite": "zero", "adjoint": {"max_norm": 5.0, "profile": False}}
-    )
-    assert policy.nonfinite == "zero"
-    assert policy.adjoint.max_norm == 5.0 and policy.adjoint.active
-    assert not no_clip().adjoint.active
+def test_config_wraps_the_bare_policy_and_hands_the_adjoint_settings_to_the_trainer():
+    run = config.validate(*compose_run("+env=cartpole", "clip=chain", "clip.nonfinite=zero", "clip.adjoint.max_norm=5"))
+    assert run.clip.nonfinite == "zero" and [r.name for r in run.clip.rules] == ["value", "global_norm"]
+    assert run.adjoint == AdjointSettings(max_norm=5.0, profile=False) and run.adjoint.active
+    assert config.validate(*compose_run("+env=cartpole")).adjoint == AdjointSettings()
+    assert not AdjointSettings().active
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"nonfinite": "ignore"}, "clip.nonfinite must be one of skip, zero, error, got 'ignore'"),
+        ({"adjoint": {"max_norm": -1.0}}, "clip.adjoint.max_norm must be null or >= 0"),
+        ({"adjoint": {"profile": 3}}, "clip.adjoint.profile must be true or false"),
+    ],
+)
+def test_bad_nonfinite_and_adjoint_settings_name_the_field(value, message):
+    key, inner = next(iter(value.items()))
+    overrides = [f"clip.{key}={inner}"] if key == "nonfinite" else [f"clip.adjoint.{k}={v}" for k, v in inner.items()]
+    with pytest.raises(config.ConfigError, match=message):
+        config.validate(*compose_run("+env=cartpole", *overrides))
+
+
+def test_a_policy_is_wrapped_once_and_a_chain_takes_bare_members():
+    wrapped = skip_if_nonfinite(clip_by_value(1.0))
+    with pytest.raises(ValueError, match="already handles non-finite gradients"):
+        zero_nonfinite(wrapped)
+    with pytest.raises(ValueError, match=r"clip.policies.1: 'value' is wrapped .*wrap the chain instead"):
+        chain([no_clip(), wrapped])
+    bare = clip_by_value(1.0)
+    assert bare.nonfinite is None and set(bare.init(make_params())) == {"coef", "clipped", "skip"}
 
 
 def test_trainer_timing_breakdown_has_a_separate_entry_for_statistics_and_clipping():

@@ -83,3 +83,30 @@ def test_missing_env_is_a_config_error():
 def test_bad_top_level_values_name_the_field(override, field):
     with pytest.raises(config.ConfigError, match=rf"^{field}:"):
         build("+env=cartpole", "env.horizon=2", override)
+
+
+@pytest.mark.parametrize(
+    ("group", "old", "new"), [("clip", "norm", "global_norm"), ("schedule", "cosine", "cosine_decay")]
+)
+def test_an_old_option_name_is_refused_with_its_new_name(group, old, new):
+    with pytest.raises(config.ConfigError, match=f"^{group}: '{old}' was renamed; use {group}={new}$"):
+        config.compose_command("train", ["+env=cartpole", f"{group}={old}"])
+
+
+def test_a_run_folder_written_under_old_option_names_composes_under_the_new_ones(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    old = ["+env=cartpole", "clip=norm", "schedule=step", "clip.max_norm=2", "resume=auto", "seed=3"]
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in old))
+    overrides = config.run_overrides(tmp_path, "render")
+    assert overrides == ["+env=cartpole", "clip=global_norm", "schedule=step_decay", "clip.max_norm=2", "seed=3"]
+    _cfg, choices, _ = config.compose_command("train", overrides)
+    assert (choices["clip"], choices["schedule"]) == ("global_norm", "step_decay")
+
+
+def test_a_checkpoint_recording_an_old_schedule_name_fits_the_renamed_option_only(tmp_path):
+    from harness import checkpoint
+
+    saved = checkpoint.Checkpoint(arrays={}, meta={"schedule": "cosine", "clip": "global_norm"})
+    checkpoint.check_fits(saved, tmp_path / "c.hckpt", components={"schedule": "cosine_decay", "clip": "global_norm"})
+    with pytest.raises(checkpoint.CheckpointError, match="its schedule is 'cosine', this run's is 'constant'"):
+        checkpoint.check_fits(saved, tmp_path / "c.hckpt", components={"schedule": "constant"})

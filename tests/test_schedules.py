@@ -242,4 +242,4 @@ def test_config_option_builds_the_schedule_of_that_name(name):
 
 
 def test_cosine_option_decays_over_the_runs_iterations():
-    assert schedule_option("cosine", "iterations=37").hyperparameters["decay_steps"] == 37
+    assert schedule_option("cosine_decay", "iterations=37").hyperparameters["decay_steps"] == 37

@@ -92,7 +92,7 @@ def test_every_job_carries_its_hparams_and_metrics(joblib_sweep):
         run = sweep / f"clip.max_norm={value:g}"
         hparams, metrics = hparams_of(run)
         assert hparams["clip.max_norm"] == value
-        assert hparams["clip"] == "norm" and hparams["optim"] == "adam" and hparams["env"] == "cartpole"
+        assert hparams["clip"] == "global_norm" and hparams["optim"] == "adam" and hparams["env"] == "cartpole"
         assert hparams["env.horizon"] == 10 and hparams["seed"] == 0 and hparams["optim.lr"] == 0.5
         summary = json.loads((run / "summary.json").read_text())
         assert set(metrics) == {"loss/total", "loss/best", "optim/clipped_fraction", "optim/grad_norm_pre"}

@@ -10,7 +10,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from harness import checkpoint
-from harness.clip import clip_by_global_norm, no_clip
+from harness.clip import clip_by_global_norm, no_clip, skip_if_nonfinite
 from harness.optim import adamw_schedulefree, sgd
 from harness.schedules import constant, linear_warmup
 from harness.tasks import rollout
@@ -38,7 +38,7 @@ FINAL = {
 
 
 def test_adjoint_profile_is_logged_as_histogram_image_and_scalars_at_log_steps(tmp_path):
-    t = trainer(horizon=60, clip=clip_by_global_norm(1.0, adjoint={"max_norm": 1e-3}), loss_terms=FINAL)
+    t = trainer(horizon=60, clip=clip_by_global_norm(1.0), adjoint={"max_norm": 1e-3}, loss_terms=FINAL)
     t.fit(tmp_path)
     acc = read(tmp_path)
     assert [e.step for e in acc.Histograms("through_time/log10_norm_pre")] == [3, 6]
@@ -56,7 +56,7 @@ def test_iterations_whose_adjoint_was_clipped_are_counted(tmp_path, max_norm, ex
     """`through_time/clipped` is 1 in every iteration whose backward rescaled any step's adjoint
     (a threshold far below this rollout's adjoint norms) and 0 when none was (far above);
     summary.json counts them apart from the global clip's `clipped_steps`."""
-    t = trainer(horizon=60, clip=clip_by_global_norm(1e9, adjoint={"max_norm": max_norm}), loss_terms=FINAL)
+    t = trainer(horizon=60, clip=clip_by_global_norm(1e9), adjoint={"max_norm": max_norm}, loss_terms=FINAL)
     summary = t.fit(tmp_path)
     assert values(read(tmp_path), "through_time/clipped") == [expected] * 6
     assert summary["adjoint_clipped_steps"] == int(6 * expected)
@@ -78,7 +78,7 @@ def test_summary_records_the_device_and_the_versions(tmp_path):
 def test_infinite_adjoint_threshold_gives_the_unclipped_gradient_bit_for_bit():
     plain = trainer(horizon=120, loss_terms=FINAL)
     plain.step.forward_backward()
-    measured = trainer(horizon=120, loss_terms=FINAL, clip=clip_by_global_norm(1.0, adjoint={"max_norm": float("inf")}))
+    measured = trainer(horizon=120, loss_terms=FINAL, clip=clip_by_global_norm(1.0), adjoint={"max_norm": float("inf")})
     measured.step.forward_backward()
     np.testing.assert_array_equal(plain.params.grad.numpy(), measured.params.grad.numpy())
     assert measured.step.adjoint.profile().max() > 0  # it did measure
@@ -87,7 +87,7 @@ def test_infinite_adjoint_threshold_gives_the_unclipped_gradient_bit_for_bit():
 def test_adjoint_clip_bounds_the_gradient_the_loop_sees():
     plain = trainer(horizon=400, loss_terms=FINAL)
     plain.step.forward_backward()
-    clipped = trainer(horizon=400, loss_terms=FINAL, clip=clip_by_global_norm(1e6, adjoint={"max_norm": 0.1}))
+    clipped = trainer(horizon=400, loss_terms=FINAL, clip=clip_by_global_norm(1e6), adjoint={"max_norm": 0.1})
     clipped.step.forward_backward()
     g_plain = np.linalg.norm(plain.params.grad.numpy())
     g_clipped = np.linalg.norm(clipped.params.grad.numpy())
@@ -148,7 +148,7 @@ def test_an_iteration_with_a_nan_gradient_leaves_parameters_optimizer_and_schedu
         iterations=4,
         log_every=4,
         optimizer=sgd(1e30),
-        clip=no_clip(nonfinite="skip"),
+        clip=skip_if_nonfinite(no_clip()),
         schedule=linear_warmup(10, start_factor=0.1),
     )
     t.step.run()

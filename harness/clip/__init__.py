@@ -9,20 +9,29 @@ The package is split the way Newton splits device code from host code:
   :func:`no_clip`, :func:`clip_by_value`, :func:`clip_by_global_norm`,
   :func:`clip_by_norm_per_param`, :func:`adaptive_grad_clip` (AGC), :func:`autoclip`,
   :func:`zclip` and :func:`chain`.
-* :mod:`harness.clip.nonfinite`: the ``nonfinite`` setting every policy carries (``skip``,
-  ``zero``, ``error``), :class:`NonFiniteGradientError` and :class:`SkipGuard`, which makes
-  an optimizer step a no-op on the device.
+* :mod:`harness.clip.nonfinite`: wrappers around any policy for nan/inf gradients
+  (:func:`skip_if_nonfinite`, :func:`zero_nonfinite`, :func:`error_if_nonfinite`, picked by
+  ``clip.nonfinite`` through :func:`with_nonfinite`), :class:`NonFiniteGradientError` and
+  :class:`SkipGuard`, which makes an optimizer step a no-op on the device.
 * :mod:`harness.clip.functional`: :func:`clip_grad_norm_` and :func:`clip_grad_value_` over a
   list of Warp arrays of any float dtype.
 
-Clipping inside the backward pass is :mod:`harness.adjoint` (its setting travels with the
-policy, ``clip.adjoint``); clipping at one point of a kernel is :mod:`harness.adjoint_funcs`.
+Clipping inside the backward pass is :mod:`harness.adjoint` (the trainer's ``adjoint``
+setting, configured as ``clip.adjoint``); clipping at one point of a kernel is
+:mod:`harness.adjoint_funcs`.
 """
 
 from harness.clip.functional import clip_grad_norm_, clip_grad_value_
-from harness.clip.nonfinite import NONFINITE_MODES, NonFiniteGradientError, SkipGuard
+from harness.clip.nonfinite import (
+    NONFINITE_MODES,
+    NonFiniteGradientError,
+    SkipGuard,
+    error_if_nonfinite,
+    skip_if_nonfinite,
+    with_nonfinite,
+    zero_nonfinite,
+)
 from harness.clip.policies import (
-    AdjointSettings,
     ClipPolicy,
     ClipRule,
     adaptive_grad_clip,
@@ -38,7 +47,6 @@ from harness.clip.policies import (
 
 __all__ = [
     "NONFINITE_MODES",
-    "AdjointSettings",
     "ClipPolicy",
     "ClipRule",
     "NonFiniteGradientError",
@@ -52,6 +60,10 @@ __all__ = [
     "clip_by_value",
     "clip_grad_norm_",
     "clip_grad_value_",
+    "error_if_nonfinite",
     "no_clip",
+    "skip_if_nonfinite",
+    "with_nonfinite",
     "zclip",
+    "zero_nonfinite",
 ]

@@ -1,26 +1,38 @@
-"""Non-finite gradients: the ``nonfinite`` setting every clip policy carries, the error it
-raises, and :class:`SkipGuard`, which makes an optimizer step a no-op on the device.
+"""Non-finite gradients: wrappers around any clip policy, the error one raises, and
+:class:`SkipGuard`, which makes an optimizer step a no-op on the device.
 
-``skip`` (the iteration makes no update), ``zero`` (nan/inf entries become 0 before the
-rule) or ``error`` (stop, naming the iteration and the parameter at the next read-back).
+The way optax wraps a transformation in ``apply_if_finite`` or ``zero_nans``, a wrapper
+takes any :class:`~harness.clip.ClipPolicy` (a chain included) and returns one that first
+looks at the pre-clip statistics' nan/inf count, then runs the inner rule:
+
+* :func:`skip_if_nonfinite`: the iteration makes no update (the device ``skip`` flag is
+  set; :class:`SkipGuard` undoes the optimizer step), counted in ``skipped``;
+* :func:`zero_nonfinite`: nan/inf entries become 0 before the rule, which sees the
+  statistics of the zeroed gradient;
+* :func:`error_if_nonfinite`: as skip, and from the first bad iteration on every update is
+  skipped; the trainer raises :class:`NonFiniteGradientError` naming the iteration and the
+  parameter at the next read-back.
+
+``clip.nonfinite`` (``skip``, ``zero`` or ``error``) picks one in a config
+(:func:`with_nonfinite`); the trainer runs a bare policy under :func:`skip_if_nonfinite`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import warp as wp
 
-from harness.clip.kernels import guard_copy_kernel
+from harness.clip.kernels import guard_copy_kernel, nonfinite_stage_kernel, zero_nonfinite_kernel
+from harness.clip.policies import ClipPolicy, _scratch, _ScratchCache
 from harness.params import ParamSet
+from harness.stats import FlatStats
 
 NONFINITE_MODES = ("skip", "zero", "error")
-"""Accepted values of a policy's ``nonfinite`` setting."""
-
-ZERO = NONFINITE_MODES.index("zero")
-"""The ``zero`` mode's index, as ``nonfinite_stage_kernel`` receives it (skip 0, zero 1, error 2)."""
+"""Accepted values of ``clip.nonfinite``, in the order ``nonfinite_stage_kernel`` numbers them."""
 
 
 class NonFiniteGradientError(FloatingPointError):
@@ -40,10 +52,98 @@ class NonFiniteGradientError(FloatingPointError):
         )
 
 
-def check_nonfinite(nonfinite: str) -> int:
-    if nonfinite not in NONFINITE_MODES:
+def _wrap(inner: ClipPolicy, mode: str) -> ClipPolicy:
+    if inner.nonfinite is not None:
+        raise ValueError(f"clip: '{inner.name}' already handles non-finite gradients ({inner.nonfinite})")
+    code = NONFINITE_MODES.index(mode)
+    stats_cache = _ScratchCache()
+
+    def init(params: ParamSet) -> dict[str, wp.array]:
+        dev = params.device
+        state = inner.init(params)
+        state["skipped"] = wp.zeros(1, dtype=wp.int32, device=dev)
+        state["iteration"] = wp.zeros(1, dtype=wp.int32, device=dev)
+        state["nonfinite_iteration"] = wp.full(1, -1, dtype=wp.int32, device=dev)
+        state["nonfinite_param"] = wp.full(1, -1, dtype=wp.int32, device=dev)
+        return state
+
+    def update(params: ParamSet, state: dict[str, wp.array], stats: FlatStats) -> None:
+        dev = params.device
+        wp.launch(
+            nonfinite_stage_kernel,
+            dim=1,
+            inputs=[
+                code,
+                params.segment_count,
+                stats.nonfinite,
+                stats.segment_nonfinite,
+                state["skip"],
+                state["skipped"],
+                state["iteration"],
+                state["nonfinite_iteration"],
+                state["nonfinite_param"],
+            ],
+            device=dev,
+        )
+        if mode == "zero":
+            wp.launch(zero_nonfinite_kernel, dim=params.size, inputs=[params.grad], device=dev)
+            stats = _scratch(stats_cache, params, lambda: FlatStats(params))
+            stats.compute(params.grad)
+        inner.update(params, state, stats)
+
+    return dataclasses.replace(inner, init=init, update=update, nonfinite=mode)
+
+
+def skip_if_nonfinite(inner: ClipPolicy) -> ClipPolicy:
+    """``inner``, except that an iteration whose gradient holds nan or inf makes no update.
+
+    Adds to the state ``skipped`` (iterations skipped), ``iteration`` (updates seen) and
+    ``nonfinite_iteration``/``nonfinite_param`` (the first bad iteration and parameter, -1
+    before any), int32 ``(1,)`` each, and sets ``skip`` (1 for a skipped iteration). One
+    single-thread launch before the rule.
+
+    Raises:
+        ValueError: If ``inner`` is already wrapped.
+    """
+    return _wrap(inner, "skip")
+
+
+def zero_nonfinite(inner: ClipPolicy) -> ClipPolicy:
+    """``inner`` on the gradient with every nan/inf entry set to 0 (``optax.zero_nans``, with
+    infinities too); the rule sees the statistics of the zeroed gradient (three launches
+    more). The state is that of :func:`skip_if_nonfinite`; ``skip`` stays 0.
+
+    Raises:
+        ValueError: If ``inner`` is already wrapped.
+    """
+    return _wrap(inner, "zero")
+
+
+def error_if_nonfinite(inner: ClipPolicy) -> ClipPolicy:
+    """``inner``, and the run stops at the first nan/inf gradient: from that iteration on no
+    update happens on the device, and :meth:`ClipPolicy.check` (the trainer calls it at
+    every read-back) raises :class:`NonFiniteGradientError` naming the iteration and the
+    parameter. The state is that of :func:`skip_if_nonfinite`.
+
+    Raises:
+        ValueError: If ``inner`` is already wrapped.
+    """
+    return _wrap(inner, "error")
+
+
+WRAPPERS = {"skip": skip_if_nonfinite, "zero": zero_nonfinite, "error": error_if_nonfinite}
+"""The wrapper of each ``clip.nonfinite`` value."""
+
+
+def with_nonfinite(inner: ClipPolicy, nonfinite: str) -> ClipPolicy:
+    """``inner`` wrapped as ``clip.nonfinite`` says (``skip``, ``zero`` or ``error``).
+
+    Raises:
+        ValueError: One line naming ``clip.nonfinite`` for any other value.
+    """
+    if nonfinite not in WRAPPERS:
         raise ValueError(f"clip.nonfinite must be one of {', '.join(NONFINITE_MODES)}, got {nonfinite!r}")
-    return NONFINITE_MODES.index(nonfinite)
+    return WRAPPERS[nonfinite](inner)
 
 
 class SkipGuard:

@@ -6,10 +6,10 @@ that can be the ``_target_`` of a Hydra config under ``configs/clip/``.
 :func:`zclip` and :func:`chain`. ``update`` rescales ``params.grad`` in place from the
 pre-clip :class:`~harness.stats.FlatStats` and keeps every number it decides (coefficient,
 threshold, history, skip flag) in device arrays, so a clipped step never goes back to the
-host and can be captured in a graph. Each policy carries its non-finite setting
-(:mod:`harness.clip.nonfinite`) and the in-backward adjoint setting (``clip.adjoint``,
-applied by :mod:`harness.adjoint`, configured in the same group). The kernels are in
-:mod:`harness.clip.kernels`.
+host and can be captured in a graph. A policy is only its rule: what happens to a nan/inf
+gradient is a wrapper around any policy (:mod:`harness.clip.nonfinite`:
+``skip_if_nonfinite(policy)``), and clipping inside backward is the trainer's own setting
+(:mod:`harness.adjoint`). The kernels are in :mod:`harness.clip.kernels`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import warp as wp
@@ -29,34 +29,12 @@ from harness.clip.kernels import (
     chain_combine_kernel,
     launch_clamp,
     launch_scale_groups,
-    nonfinite_stage_kernel,
     reset_coef_kernel,
     scale_by_global_norm_kernel,
     zclip_kernel,
-    zero_nonfinite_kernel,
 )
-from harness.clip.nonfinite import ZERO, NonFiniteGradientError, check_nonfinite
 from harness.params import ParamSet
 from harness.stats import ChunkTable, FlatStats, GroupNorms, norm_kind
-
-
-@dataclasses.dataclass(frozen=True)
-class AdjointSettings:
-    """In-backward clipping of the simulation state's adjoint (``clip.adjoint``).
-
-    Attributes:
-        max_norm: Largest per-world norm of a state adjoint between two simulation steps;
-            None turns the clip off, ``inf`` measures without scaling.
-        profile: Record the per-step pre-clip adjoint norms even when ``max_norm`` is None.
-    """
-
-    max_norm: float | None = None
-    profile: bool = False
-
-    @property
-    def active(self) -> bool:
-        """Whether the trainer must hook the rollout (clip or profile)."""
-        return self.max_norm is not None or self.profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,40 +56,41 @@ class ClipRule:
 
 @dataclasses.dataclass(frozen=True)
 class ClipPolicy:
-    """A gradient clip policy with its non-finite policy.
+    """A gradient clip policy: an ``init``/``update`` pair over the flat gradient.
 
     State (``init(params)``), all device arrays:
 
     * ``coef`` float32 ``(1,)``: the smallest factor applied to any entry at the last update
       (the global factor for global-norm rules), 1 when nothing was clipped.
     * ``clipped`` int32 ``(1,)``: 1 when any entry was scaled down or clamped.
-    * ``skip`` int32 ``(1,)``: 1 when this iteration's update must not happen (see
-      :class:`SkipGuard`); ``skipped`` int32 ``(1,)``: how many iterations were skipped.
-    * ``iteration`` int32 ``(1,)``: number of updates so far; ``nonfinite_iteration`` and
-      ``nonfinite_param`` int32 ``(1,)``: first iteration with a nan/inf gradient and the
-      index of the first parameter holding one (-1 while none was seen).
+    * ``skip`` int32 ``(1,)``: 1 when this iteration's update must not happen. A bare
+      policy never sets it; a non-finite wrapper (:mod:`harness.clip.nonfinite`) does, and
+      adds its own counters. Stateful rules leave their history alone when it is 1.
     * rule state, e.g. ``threshold`` (float32 ``(1,)``, the norm limit of the last update,
       inf when there was none), AutoClip's history or ZClip's EMA; in a chain each member's
       keys are prefixed ``"<index>/"``.
 
     Attributes:
-        name: Short name for logs.
+        name: Short name, the option's name (``"global_norm"``); a checkpoint records it.
         init: Allocates the state on the parameters' device.
         update: ``update(params, state, stats)``: rescales ``params.grad`` in place, where
             ``stats`` are the pre-clip statistics of ``params.grad``.
-        nonfinite: ``"skip"``, ``"zero"`` or ``"error"``.
-        adjoint: In-backward adjoint clip settings, applied by :mod:`harness.adjoint`.
+        rules: The rules applied in order (one, or a chain's members).
+        nonfinite: None for a bare policy; ``"skip"``, ``"zero"`` or ``"error"`` for one
+            wrapped by :func:`~harness.clip.nonfinite.skip_if_nonfinite`,
+            :func:`~harness.clip.nonfinite.zero_nonfinite` or
+            :func:`~harness.clip.nonfinite.error_if_nonfinite`.
     """
 
     name: str
     init: Callable[[ParamSet], dict[str, wp.array]]
     update: Callable[[ParamSet, dict[str, wp.array], FlatStats], None]
-    nonfinite: str = "skip"
-    adjoint: AdjointSettings = dataclasses.field(default_factory=AdjointSettings)
     rules: tuple[ClipRule, ...] = ()
+    nonfinite: str | None = None
 
     def check(self, params: ParamSet, state: dict[str, wp.array]) -> None:
-        """Raise :class:`NonFiniteGradientError` if the ``error`` policy saw nan/inf.
+        """Raise :class:`~harness.clip.nonfinite.NonFiniteGradientError` if an
+        :func:`~harness.clip.nonfinite.error_if_nonfinite` wrapper saw nan/inf.
 
         One host read of two integers; call it where the host synchronises anyway (the
         trainer's log read-back). Under ``error`` every update from the bad iteration on is
@@ -119,6 +98,8 @@ class ClipPolicy:
         """
         if self.nonfinite != "error":
             return
+        from harness.clip.nonfinite import NonFiniteGradientError
+
         iteration = int(state["nonfinite_iteration"].numpy()[0])
         if iteration >= 0:
             raise NonFiniteGradientError(iteration, params.names[int(state["nonfinite_param"].numpy()[0])])
@@ -136,25 +117,6 @@ def _scratch(cache: weakref.WeakKeyDictionary, params: ParamSet, build: Callable
     return cache[params]
 
 
-def _adjoint_settings(adjoint: Mapping[str, Any] | AdjointSettings | None) -> AdjointSettings:
-    if adjoint is None:
-        return AdjointSettings()
-    if isinstance(adjoint, AdjointSettings):
-        return adjoint
-    unknown = set(adjoint) - {"max_norm", "profile"}
-    if unknown:
-        raise ValueError(f"clip.adjoint accepts max_norm and profile, got {sorted(unknown)}")
-    max_norm = adjoint.get("max_norm")
-    if max_norm is not None:
-        try:
-            max_norm = float(max_norm)
-        except (TypeError, ValueError):
-            raise ValueError(f"clip.adjoint.max_norm must be null or a number >= 0, got {max_norm!r}") from None
-        if not max_norm >= 0.0:
-            raise ValueError(f"clip.adjoint.max_norm must be null or >= 0, got {max_norm}")
-    return AdjointSettings(max_norm=max_norm, profile=bool(adjoint.get("profile", False)))
-
-
 def _policy_norm_type(norm_type: float | str) -> float:
     """The p of a policy's ``clip.norm_type``, with errors naming the config field."""
     try:
@@ -170,11 +132,7 @@ def check_limit(field: str, value: float, *, positive: bool = False) -> float:
     return value
 
 
-def _build_policy(
-    name: str, rules: Sequence[ClipRule], nonfinite: str, adjoint: Mapping[str, Any] | AdjointSettings | None
-) -> ClipPolicy:
-    mode = check_nonfinite(nonfinite)
-    settings = _adjoint_settings(adjoint)
+def _build_policy(name: str, rules: Sequence[ClipRule]) -> ClipPolicy:
     rules = tuple(rules)
     prefixes = [""] if len(rules) == 1 else [f"{i}/" for i in range(len(rules))]
     stats_cache: weakref.WeakKeyDictionary = _ScratchCache()
@@ -185,10 +143,6 @@ def _build_policy(
             "coef": wp.ones(1, dtype=wp.float32, device=dev),
             "clipped": wp.zeros(1, dtype=wp.int32, device=dev),
             "skip": wp.zeros(1, dtype=wp.int32, device=dev),
-            "skipped": wp.zeros(1, dtype=wp.int32, device=dev),
-            "iteration": wp.zeros(1, dtype=wp.int32, device=dev),
-            "nonfinite_iteration": wp.full(1, -1, dtype=wp.int32, device=dev),
-            "nonfinite_param": wp.full(1, -1, dtype=wp.int32, device=dev),
         }
         for rule, prefix in zip(rules, prefixes, strict=True):
             if prefix:
@@ -202,27 +156,7 @@ def _build_policy(
         if stats.size != params.size:
             raise ValueError(f"clip: stats are for {stats.size} entries, params have {params.size}")
         dev = params.device
-        wp.launch(
-            nonfinite_stage_kernel,
-            dim=1,
-            inputs=[
-                mode,
-                params.segment_count,
-                stats.nonfinite,
-                stats.segment_nonfinite,
-                state["skip"],
-                state["skipped"],
-                state["iteration"],
-                state["nonfinite_iteration"],
-                state["nonfinite_param"],
-            ],
-            device=dev,
-        )
         current = stats
-        if mode == ZERO:
-            wp.launch(zero_nonfinite_kernel, dim=params.size, inputs=[params.grad], device=dev)
-            current = _scratch(stats_cache, params, lambda: FlatStats(params))
-            current.compute(params.grad)
         if len(rules) > 1:
             wp.launch(reset_coef_kernel, dim=1, inputs=[state["coef"], state["clipped"]], device=dev)
         for i, (rule, prefix) in enumerate(zip(rules, prefixes, strict=True)):
@@ -240,7 +174,7 @@ def _build_policy(
                     device=dev,
                 )
 
-    return ClipPolicy(name=name, init=init, update=update, nonfinite=nonfinite, adjoint=settings, rules=rules)
+    return ClipPolicy(name=name, init=init, update=update, rules=rules)
 
 
 def _threshold_state(value: float) -> Callable[[ParamSet], dict[str, wp.array]]:
@@ -271,12 +205,10 @@ def _segment_norms(cache: weakref.WeakKeyDictionary, params: ParamSet, p: float)
 # --------------------------------------------------------------------------- policies
 
 
-def no_clip(*, nonfinite: str = "skip", adjoint: Mapping[str, Any] | None = None) -> ClipPolicy:
+def no_clip() -> ClipPolicy:
     """Leave gradients untouched: ``coef = 1``, ``clipped = 0`` forever.
 
     Args:
-        nonfinite: Non-finite policy, ``skip``, ``zero`` or ``error``.
-        adjoint: ``{"max_norm": float | None, "profile": bool}``, see :class:`AdjointSettings`.
 
     Returns:
         The policy.
@@ -285,12 +217,10 @@ def no_clip(*, nonfinite: str = "skip", adjoint: Mapping[str, Any] | None = None
     def apply(params: ParamSet, state: dict[str, wp.array], stats: FlatStats, skip: wp.array) -> None:
         del params, state, stats, skip
 
-    return _build_policy("none", [ClipRule("none", lambda params: {}, apply)], nonfinite, adjoint)
+    return _build_policy("none", [ClipRule("none", lambda params: {}, apply)])
 
 
-def clip_by_value(
-    clip_value: float, *, nonfinite: str = "skip", adjoint: Mapping[str, Any] | None = None
-) -> ClipPolicy:
+def clip_by_value(clip_value: float) -> ClipPolicy:
     """Clamp every gradient entry to ``[-clip_value, clip_value]``.
 
     Same rule as ``torch.nn.utils.clip_grad_value_``: ``g = min(max(g, -v), v)``; nan
@@ -300,8 +230,6 @@ def clip_by_value(
 
     Args:
         clip_value: ``v >= 0``.
-        nonfinite: Non-finite policy, ``skip``, ``zero`` or ``error``.
-        adjoint: See :class:`AdjointSettings`.
 
     Returns:
         The policy.
@@ -318,15 +246,13 @@ def clip_by_value(
         wp.launch(reset_coef_kernel, dim=1, inputs=[state["coef"], state["clipped"]], device=params.device)
         launch_clamp(table, params.grad.ptr, clip_value, state["coef"], state["clipped"])
 
-    return _build_policy("value", [ClipRule("value", lambda params: {}, apply)], nonfinite, adjoint)
+    return _build_policy("value", [ClipRule("value", lambda params: {}, apply)])
 
 
 def clip_by_global_norm(
     max_norm: float,
     *,
     norm_type: float | str = 2.0,
-    nonfinite: str = "skip",
-    adjoint: Mapping[str, Any] | None = None,
 ) -> ClipPolicy:
     """Rescale all gradients together so that their global p-norm is at most ``max_norm``.
 
@@ -346,8 +272,6 @@ def clip_by_global_norm(
     Args:
         max_norm: Largest allowed global norm, ``>= 0``.
         norm_type: ``p``: any number ``> 0`` or ``inf``.
-        nonfinite: Non-finite policy, ``skip``, ``zero`` or ``error``.
-        adjoint: See :class:`AdjointSettings`.
 
     Returns:
         The policy.
@@ -369,15 +293,13 @@ def clip_by_global_norm(
         _scale_by_threshold(params, state, norms.norm)
 
     rule = ClipRule("global_norm", _threshold_state(max_norm), apply)
-    return _build_policy("global_norm", [rule], nonfinite, adjoint)
+    return _build_policy("global_norm", [rule])
 
 
 def clip_by_norm_per_param(
     max_norm: float,
     *,
     norm_type: float | str = 2.0,
-    nonfinite: str = "skip",
-    adjoint: Mapping[str, Any] | None = None,
 ) -> ClipPolicy:
     """Apply the :func:`clip_by_global_norm` rule to each named parameter separately.
 
@@ -389,8 +311,6 @@ def clip_by_norm_per_param(
     Args:
         max_norm: Largest allowed norm of each parameter's gradient, ``>= 0``.
         norm_type: ``p``: any number ``> 0`` or ``inf``.
-        nonfinite: Non-finite policy, ``skip``, ``zero`` or ``error``.
-        adjoint: See :class:`AdjointSettings`.
 
     Returns:
         The policy.
@@ -420,7 +340,7 @@ def clip_by_norm_per_param(
             clipped=state["clipped"],
         )
 
-    return _build_policy("norm_per_param", [ClipRule("norm_per_param", init, apply)], nonfinite, adjoint)
+    return _build_policy("norm_per_param", [ClipRule("norm_per_param", init, apply)])
 
 
 def agc_units(params: ParamSet) -> list[tuple[int, int]]:
@@ -455,8 +375,6 @@ def adaptive_grad_clip(
     clipping: float = 0.01,
     *,
     eps: float = 1.0e-3,
-    nonfinite: str = "skip",
-    adjoint: Mapping[str, Any] | None = None,
 ) -> ClipPolicy:
     """Adaptive gradient clipping (AGC, Brock et al. 2021, "High-Performance Large-Scale
     Image Recognition Without Normalization", Sec. 4), unit-wise.
@@ -471,8 +389,6 @@ def adaptive_grad_clip(
     Args:
         clipping: ``lambda > 0``, the largest allowed ratio ``|G_u| / |W_u|``.
         eps: Floor of the parameter norm, so zero-initialised units can still move.
-        nonfinite: Non-finite policy, ``skip``, ``zero`` or ``error``.
-        adjoint: See :class:`AdjointSettings`.
 
     Returns:
         The policy.
@@ -510,15 +426,13 @@ def adaptive_grad_clip(
             param_norms=param_norms,
         )
 
-    return _build_policy("agc", [ClipRule("agc", lambda params: {}, apply)], nonfinite, adjoint)
+    return _build_policy("agc", [ClipRule("agc", lambda params: {}, apply)])
 
 
 def autoclip(
     percentile: float = 10.0,
     *,
     history: int = 10000,
-    nonfinite: str = "skip",
-    adjoint: Mapping[str, Any] | None = None,
 ) -> ClipPolicy:
     """AutoClip (Seetharaman et al. 2020, "AutoClip: Adaptive Gradient Clipping for Source
     Separation Networks"): clip to a percentile of the history of gradient norms.
@@ -535,8 +449,6 @@ def autoclip(
     Args:
         percentile: ``p`` in ``[0, 100]``; the paper's default is 10.
         history: Number of most recent norms kept, ``>= 1``.
-        nonfinite: Non-finite policy, ``skip``, ``zero`` or ``error``.
-        adjoint: See :class:`AdjointSettings`.
 
     Returns:
         The policy.
@@ -580,7 +492,7 @@ def autoclip(
         )
         _scale_by_threshold(params, state, stats.norm)
 
-    return _build_policy("autoclip", [ClipRule("autoclip", init, apply)], nonfinite, adjoint)
+    return _build_policy("autoclip", [ClipRule("autoclip", init, apply)])
 
 
 def zclip(
@@ -590,8 +502,6 @@ def zclip(
     eps: float = 1.0e-6,
     warmup: int = 25,
     max_norm: float | None = None,
-    nonfinite: str = "skip",
-    adjoint: Mapping[str, Any] | None = None,
 ) -> ClipPolicy:
     """ZClip (Kumar et al. 2025, "ZClip: Adaptive Spike Mitigation for LLM Pre-Training"),
     z-score mode with adaptive scaling.
@@ -618,8 +528,6 @@ def zclip(
         eps: Added to the standard deviation, ``>= 0``.
         warmup: Number of updates that only collect norms, ``>= 1``.
         max_norm: Optional absolute cap on the norm, ``>= 0``.
-        nonfinite: Non-finite policy, ``skip``, ``zero`` or ``error``.
-        adjoint: See :class:`AdjointSettings`.
 
     Returns:
         The policy.
@@ -669,34 +577,36 @@ def zclip(
         )
         _scale_by_threshold(params, state, stats.norm)
 
-    return _build_policy("zclip", [ClipRule("zclip", init, apply)], nonfinite, adjoint)
+    return _build_policy("zclip", [ClipRule("zclip", init, apply)])
 
 
-def chain(
-    policies: Sequence[ClipPolicy], *, nonfinite: str = "skip", adjoint: Mapping[str, Any] | None = None
-) -> ClipPolicy:
+def chain(policies: Sequence[ClipPolicy]) -> ClipPolicy:
     """Apply several policies' rules in order (e.g. value, then global norm), as ``optax.chain``.
 
     Each member after the first sees the gradient as the previous ones left it (its
-    statistics are recomputed: three launches per member). The members' own non-finite
-    and adjoint settings are ignored; the chain's apply, once, before the first member.
-    ``state["coef"]`` is the product of the members' coefficients, ``state["clipped"]`` is
-    1 when any member clipped; member ``i``'s keys are prefixed ``"i/"``.
+    statistics are recomputed: three launches per member). The members are bare policies;
+    a non-finite wrapper goes around the chain (``skip_if_nonfinite(chain([...]))``) and
+    acts once, before the first member. ``state["coef"]`` is the product of the members'
+    coefficients, ``state["clipped"]`` is 1 when any member clipped; member ``i``'s keys are prefixed ``"i/"``.
 
     Args:
         policies: The members, at least one (Hydra: a list of ``_target_`` nodes).
-        nonfinite: Non-finite policy, ``skip``, ``zero`` or ``error``.
-        adjoint: See :class:`AdjointSettings`.
 
     Returns:
         The policy.
 
     Raises:
-        ValueError: If ``policies`` is empty.
+        ValueError: If ``policies`` is empty or a member is wrapped in a non-finite handler.
     """
     policies = list(policies)
     if not policies:
         raise ValueError("clip.policies: a chain needs at least one policy")
+    for i, policy in enumerate(policies):
+        if policy.nonfinite is not None:
+            raise ValueError(
+                f"clip.policies.{i}: '{policy.name}' is wrapped in a non-finite handler ({policy.nonfinite}); "
+                "accepted: bare policies (wrap the chain instead)"
+            )
     rules = [rule for policy in policies for rule in policy.rules]
     name = "chain(" + ",".join(rule.name for rule in rules) + ")"
-    return _build_policy(name, rules, nonfinite, adjoint)
+    return _build_policy(name, rules)

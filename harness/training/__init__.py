@@ -12,12 +12,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import warp as wp
 
-from harness.clip import ClipPolicy
+from harness.adjoint import AdjointSettings
+from harness.clip import ClipPolicy, skip_if_nonfinite
 from harness.env import Env
 from harness.losses import WeightedLoss
 from harness.optim import Optimizer
@@ -58,10 +60,13 @@ class Trainer:
         env: The simulation.
         loss: The weighted loss over the env's observables.
         optimizer: Optimizer (:mod:`harness.optim`).
-        clip: Clip policy with its non-finite and adjoint settings (:mod:`harness.clip`).
+        clip: Clip policy (:mod:`harness.clip`); a bare one runs under
+            :func:`~harness.clip.skip_if_nonfinite`, the default non-finite handling.
         settings: Loop settings.
         schedule: Learning-rate schedule (:mod:`harness.schedules`); constant if None.
         task: What is trained (:mod:`harness.tasks`); open-loop actions if None.
+        adjoint: Clipping inside backward (:class:`~harness.adjoint.AdjointSettings`, or
+            the mapping ``clip.adjoint`` holds); off if None.
 
     Attributes:
         state: The :class:`TrainState`.
@@ -83,8 +88,12 @@ class Trainer:
         settings: TrainSettings,
         schedule: Schedule | None = None,
         task: Task | None = None,
+        adjoint: AdjointSettings | Mapping[str, Any] | None = None,
     ):
+        if clip.nonfinite is None:
+            clip = skip_if_nonfinite(clip)
         self.env, self.loss, self.optimizer, self.clip, self.settings = env, loss, optimizer, clip, settings
+        self.adjoint = AdjointSettings.parse(adjoint)
         self.schedule = schedule or constant()
         self.task = task or OpenLoop()
         self.device = wp.get_device(settings.device)
@@ -95,7 +104,7 @@ class Trainer:
         )
         self.step = TrainStep(
             env=env, task=self.task, loss=loss, optimizer=optimizer, clip=clip, schedule=self.schedule,
-            state=self.state, rows=settings.log_every,
+            state=self.state, rows=settings.log_every, adjoint=self.adjoint,
         )  # fmt: skip
         blocker = capture_blocker(
             env,

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from harness.adjoint import AdjointClipper
+from harness.adjoint import AdjointClipper, AdjointSettings
 from harness.clip import ClipPolicy, SkipGuard
 from harness.env import Env, Trajectory
 from harness.losses import WeightedLoss
@@ -242,10 +242,11 @@ class TrainStep:
         task: What the parameters are (how they drive the rollout).
         loss: The loss, bound to the env's observables.
         optimizer: The optimizer.
-        clip: The clip policy (with its non-finite and adjoint settings).
+        clip: The clip policy, wrapped in a non-finite handler (it sets ``state.clip["skip"]``).
         schedule: The learning-rate schedule.
         state: The training state (parameters and every transformation's state).
         rows: Rows of the device history, i.e. iterations between two read-backs.
+        adjoint: Clipping inside backward (off by default).
 
     Attributes:
         columns: The history's column tags, in order.
@@ -272,7 +273,11 @@ class TrainStep:
         schedule: Schedule,
         state: TrainState,
         rows: int,
+        adjoint: AdjointSettings | None = None,
     ):
+        if clip.nonfinite is None:
+            raise ValueError(f"TrainStep: clip policy '{clip.name}' needs a non-finite wrapper (skip_if_nonfinite)")
+        adjoint = adjoint or AdjointSettings()
         self.env, self.task, self.loss = env, task, loss
         self.optimizer, self.clip, self.schedule = optimizer, clip, schedule
         self.state = state
@@ -284,9 +289,9 @@ class TrainStep:
         self.skip_guard = SkipGuard(params, guarded, state.clip["skip"])
         self.adjoint = (
             AdjointClipper(
-                horizon=env.horizon, world_count=env.world_count, max_norm=clip.adjoint.max_norm, device=self.device
+                horizon=env.horizon, world_count=env.world_count, max_norm=adjoint.max_norm, device=self.device
             )
-            if clip.adjoint.active
+            if adjoint.active
             else None
         )
         self.stats_pre = FlatStats(params)
