@@ -6,9 +6,10 @@ into the flat ``data`` array, and its ``.grad`` is the matching view into the fl
 kernel launch over the whole buffer, whatever the number of parameter arrays (the Warp
 counterpart of PyTorch's multi-tensor apply), and zeroing every gradient is one memset.
 
-Per-parameter reductions use a fixed chunk table: the buffer is cut into chunks of at
-most ``CHUNK`` entries that never straddle two parameters, so one launch with one thread
-per chunk can reduce every parameter at once with one atomic per chunk.
+Per-parameter reductions walk one chunk table built with the set (``chunks``, the
+project's one chunking scheme, :mod:`harness.chunks`): chunks of at most ``CHUNK`` entries
+that never straddle two parameters, so one launch with one thread per chunk reduces every
+parameter at once with one atomic per chunk.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from collections.abc import Iterator
 import numpy as np
 import warp as wp
 
-CHUNK = 256
-"""Entries reduced by one thread in the chunked per-parameter reductions."""
+from harness.chunks import CHUNK, ChunkTable
+
+__all__ = ["CHUNK", "ParamSet", "ParamSpec", "Segment", "flat_view"]
 
 
 @wp.kernel
@@ -127,17 +129,9 @@ class ParamSet:
             spec.name: self._view(spec, seg) for spec, seg in zip(specs, self.segments, strict=True)
         }
 
-        # Segment and chunk tables for one-launch per-parameter reductions.
-        chunk_seg, chunk_start, chunk_end = [], [], []
-        for i, seg in enumerate(self.segments):
-            for start in range(seg.offset, seg.offset + seg.length, CHUNK):
-                chunk_seg.append(i)
-                chunk_start.append(start)
-                chunk_end.append(min(start + CHUNK, seg.offset + seg.length))
-        self.chunk_count = len(chunk_seg)
-        self.chunk_segment = wp.array(np.array(chunk_seg, np.int32), dtype=wp.int32, device=self.device)
-        self.chunk_start = wp.array(np.array(chunk_start, np.int32), dtype=wp.int32, device=self.device)
-        self.chunk_end = wp.array(np.array(chunk_end, np.int32), dtype=wp.int32, device=self.device)
+        # One group per parameter, offsets relative to the flat buffers: every per-parameter
+        # reduction and the per-parameter clips walk this one table.
+        self.chunks = ChunkTable.for_ranges(self, [(seg.offset, seg.length) for seg in self.segments])
 
         # Bounds, entry by entry (one clamp launch over the flat buffer after each step).
         self.bounded = any(spec.bounded for spec in specs)

@@ -7,8 +7,8 @@ This module owns the reductions every clip policy and every log line reads:
   (a gradient, the parameters themselves, or the difference of two such arrays, e.g. an
   update ``p_new - p_old`` for the update-to-parameter ratio ``|dp| / |p|``). One call to
   :meth:`FlatStats.compute` is always three launches (zero, chunk reduce, finalize),
-  whatever the number of parameters, using the chunk table of the ``ParamSet``.
-* :class:`ChunkTable` and :class:`GroupNorms`: the p-norm (``p`` in {1, 2, inf} or any
+  whatever the number of parameters, over the ``ParamSet``'s chunk table (``params.chunks``).
+* :class:`GroupNorms`: over a :class:`~harness.chunks.ChunkTable`, the p-norm (``p`` in {1, 2, inf} or any
   ``p > 0``) of every *group* of a set of memory ranges and over all groups together. A
   group is a named parameter, a unit of adaptive gradient clipping, or one array of a list
   handed to :func:`harness.clip.clip_grad_norm_`. The ranges are addressed by raw device
@@ -22,16 +22,15 @@ logs it needs no host round trip and can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
-import numpy as np
 import warp as wp
 
-from harness.params import CHUNK, ParamSet
+from harness.chunks import ChunkTable, chunk_view
+from harness.params import ParamSet
 
-__all__ = ["ChunkTable", "FlatStats", "GroupNorms", "norm_kind", "scalar_type_of"]
+__all__ = ["FlatStats", "GroupNorms", "norm_kind", "scalar_type_of"]
 
 
 @wp.kernel
@@ -51,25 +50,27 @@ def _zero_kernel(
 
 @wp.kernel
 def _chunk_reduce_kernel(
-    flat: wp.array(dtype=wp.float32),
-    minus: wp.array(dtype=wp.float32),
+    flat: wp.uint64,
+    minus: wp.uint64,
     has_minus: int,
-    chunk_segment: wp.array(dtype=wp.int32),
-    chunk_start: wp.array(dtype=wp.int32),
-    chunk_end: wp.array(dtype=wp.int32),
+    chunk_offset: wp.array(dtype=wp.int64),
+    chunk_length: wp.array(dtype=wp.int32),
+    chunk_group: wp.array(dtype=wp.int32),
     seg_acc: wp.array(dtype=wp.float64),
     segment_nonfinite: wp.array(dtype=wp.int32),
     max_abs: wp.array(dtype=wp.float32),
     nonfinite: wp.array(dtype=wp.int32),
 ):
     c = wp.tid()
+    a = chunk_view(flat, chunk_offset[c], chunk_length[c], wp.float32(0.0))
+    b = chunk_view(minus, chunk_offset[c], chunk_length[c], wp.float32(0.0))
     acc = wp.float64(0.0)
     peak = wp.float32(0.0)
     bad = wp.int32(0)
-    for i in range(chunk_start[c], chunk_end[c]):
-        x = flat[i]
+    for i in range(chunk_length[c]):
+        x = a[i]
         if has_minus != 0:
-            x = x - minus[i]
+            x = x - b[i]
         # Square in float64: the sum of squares of float32 values cannot overflow there,
         # so the norm is inf only when it really exceeds the float32 range (or an entry is inf).
         xd = wp.float64(x)
@@ -78,11 +79,11 @@ def _chunk_reduce_kernel(
             peak = wp.max(peak, wp.abs(x))
         else:
             bad += 1
-    wp.atomic_add(seg_acc, chunk_segment[c], acc)
+    wp.atomic_add(seg_acc, chunk_group[c], acc)
     wp.atomic_max(max_abs, 0, peak)
     if bad > 0:
         wp.atomic_add(nonfinite, 0, bad)
-        wp.atomic_add(segment_nonfinite, chunk_segment[c], bad)
+        wp.atomic_add(segment_nonfinite, chunk_group[c], bad)
 
 
 @wp.kernel
@@ -93,6 +94,7 @@ def _finalize_kernel(
     segment_norm: wp.array(dtype=wp.float32),
     sumsq: wp.array(dtype=wp.float32),
     norm: wp.array(dtype=wp.float32),
+    norm64: wp.array(dtype=wp.float64),
 ):
     # A single thread walks the segments in order, so the global sum is deterministic.
     total = wp.float64(0.0)
@@ -102,7 +104,9 @@ def _finalize_kernel(
         segment_norm[s] = wp.float32(wp.sqrt(a))
         total += a
     sumsq[0] = wp.float32(total)
-    norm[0] = wp.float32(wp.sqrt(total))
+    root = wp.sqrt(total)
+    norm64[0] = root
+    norm[0] = wp.float32(root)
 
 
 class FlatStats:
@@ -139,6 +143,7 @@ class FlatStats:
         segment_nonfinite: int32 ``(segment_count,)``, nan or inf entries of each parameter.
         sumsq: float32 ``(1,)``, global sum of squares.
         norm: float32 ``(1,)``, global L2 norm.
+        norm64: float64 ``(1,)``, the same norm before rounding (what the global-norm clip reads).
         max_abs: float32 ``(1,)``, largest finite ``|x|``.
         nonfinite: int32 ``(1,)``, number of nan or inf entries.
     """
@@ -148,10 +153,7 @@ class FlatStats:
         self.size = params.size
         self.names = params.names
         self.segment_count = params.segment_count
-        self.chunk_count = params.chunk_count
-        self._chunk_segment = params.chunk_segment
-        self._chunk_start = params.chunk_start
-        self._chunk_end = params.chunk_end
+        self.chunks = params.chunks
 
         n, dev = self.segment_count, self.device
         self._seg_acc = wp.zeros(n, dtype=wp.float64, device=dev)
@@ -160,6 +162,7 @@ class FlatStats:
         self.segment_nonfinite = wp.zeros(n, dtype=wp.int32, device=dev)
         self.sumsq = wp.zeros(1, dtype=wp.float32, device=dev)
         self.norm = wp.zeros(1, dtype=wp.float32, device=dev)
+        self.norm64 = wp.zeros(1, dtype=wp.float64, device=dev)
         self.max_abs = wp.zeros(1, dtype=wp.float32, device=dev)
         self.nonfinite = wp.zeros(1, dtype=wp.int32, device=dev)
 
@@ -194,14 +197,14 @@ class FlatStats:
         )
         wp.launch(
             _chunk_reduce_kernel,
-            dim=self.chunk_count,
+            dim=self.chunks.chunk_count,
             inputs=[
-                flat,
-                flat if minus is None else minus,
+                wp.uint64(flat.ptr),
+                wp.uint64((flat if minus is None else minus).ptr),
                 0 if minus is None else 1,
-                self._chunk_segment,
-                self._chunk_start,
-                self._chunk_end,
+                self.chunks.chunk_offset,
+                self.chunks.chunk_length,
+                self.chunks.chunk_group,
                 self._seg_acc,
                 self.segment_nonfinite,
                 self.max_abs,
@@ -219,6 +222,7 @@ class FlatStats:
                 self.segment_norm,
                 self.sumsq,
                 self.norm,
+                self.norm64,
             ],
             device=self.device,
         )
@@ -270,82 +274,6 @@ def scalar_type_of(dtype: type) -> type:
     if scalar not in SCALAR_TYPES:
         raise TypeError(f"gradients must have a float16/32/64 scalar type, got {getattr(dtype, '__name__', dtype)}")
     return scalar
-
-
-@dataclasses.dataclass(frozen=True)
-class ChunkTable:
-    """Memory ranges cut into chunks of at most ``CHUNK`` scalars, each tagged with its group.
-
-    A range is ``(byte_offset, scalar_count, group)``; the byte offset is relative to a base
-    pointer given at launch time (0 for absolute addresses of independent arrays, or the
-    pointer of a flat buffer such as ``params.grad`` so the same table serves ``params.data``).
-    All ranges hold the same scalar type. Chunks never straddle two ranges, so one thread per
-    chunk reduces every group at once with one atomic per chunk.
-
-    Attributes:
-        scalar_type: ``wp.float16``, ``wp.float32`` or ``wp.float64``.
-        group_count: Number of groups (ranges may share a group).
-        chunk_count: Number of chunks.
-        max_chunk: Length of the longest chunk (the inner width of 2-D launches).
-        chunk_offset: int64 ``(chunk_count,)``, byte offset of each chunk's first scalar.
-        chunk_length: int32 ``(chunk_count,)``, scalars in each chunk.
-        chunk_group: int32 ``(chunk_count,)``, group of each chunk.
-    """
-
-    scalar_type: type
-    group_count: int
-    chunk_count: int
-    max_chunk: int
-    chunk_offset: wp.array
-    chunk_length: wp.array
-    chunk_group: wp.array
-
-    @staticmethod
-    def build(
-        ranges: list[tuple[int, int, int]],
-        *,
-        scalar_type: type,
-        group_count: int,
-        device: wp.context.Devicelike = None,
-    ) -> ChunkTable:
-        """Cut ``ranges`` (``(byte_offset, scalar_count, group)``) into chunks on ``device``."""
-        itemsize = wp.types.type_size_in_bytes(scalar_type)
-        offsets, lengths, groups = [], [], []
-        for byte_offset, count, group in ranges:
-            for start in range(0, count, CHUNK):
-                offsets.append(byte_offset + start * itemsize)
-                lengths.append(min(CHUNK, count - start))
-                groups.append(group)
-        return ChunkTable(
-            scalar_type=scalar_type,
-            group_count=group_count,
-            chunk_count=len(offsets),
-            max_chunk=max(lengths, default=0),
-            chunk_offset=wp.array(np.array(offsets, np.int64), dtype=wp.int64, device=device),
-            chunk_length=wp.array(np.array(lengths, np.int32), dtype=wp.int32, device=device),
-            chunk_group=wp.array(np.array(groups, np.int32), dtype=wp.int32, device=device),
-        )
-
-    @staticmethod
-    def for_ranges(params: ParamSet, ranges: list[tuple[int, int]]) -> ChunkTable:
-        """One group per ``(offset, length)`` range of a ParamSet's flat buffers, in scalars."""
-        return ChunkTable.build(
-            [(4 * offset, length, g) for g, (offset, length) in enumerate(ranges)],
-            scalar_type=wp.float32,
-            group_count=len(ranges),
-            device=params.device,
-        )
-
-    @staticmethod
-    def for_segments(params: ParamSet) -> ChunkTable:
-        """One group per named parameter of a ParamSet (offsets relative to its flat buffers)."""
-        return ChunkTable.for_ranges(params, [(s.offset, s.length) for s in params.segments])
-
-
-@wp.func
-def chunk_view(base: wp.uint64, offset: wp.int64, length: wp.int32, zero: Any):
-    """The chunk at ``base + offset`` as a 1-D array of ``length`` scalars of ``zero``'s type."""
-    return wp.array(ptr=base + wp.uint64(offset), shape=(length,), dtype=type(zero))
 
 
 @wp.kernel

@@ -9,6 +9,7 @@ import warp as wp
 
 from harness import config
 from harness.adjoint import AdjointSettings
+from harness.chunks import CHUNK
 from harness.clip import (
     NonFiniteGradientError,
     adaptive_grad_clip,
@@ -24,7 +25,7 @@ from harness.clip import (
     zclip,
     zero_nonfinite,
 )
-from harness.params import CHUNK, ParamSet, ParamSpec
+from harness.params import ParamSet, ParamSpec
 from harness.stats import FlatStats
 from tests.helpers import compose_run, make_trainer
 
@@ -491,3 +492,61 @@ def test_trainer_timing_breakdown_has_a_separate_entry_for_statistics_and_clippi
     trainer.step.run()
     assert set(trainer.step.timing) >= {"forward", "backward", "grad_stats_clip", "optim"}
     assert all(trainer.step.timing[k] > 0 for k in ("forward", "backward", "grad_stats_clip", "optim"))
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 3.0, float("inf")])
+def test_the_global_norm_policy_and_clip_grad_norm_scale_by_one_rule(norm_type):
+    """The policy over the flat buffer and clip_grad_norm_ over the parameter views run one
+    scale kernel and one coefficient rule: the same gradients, bit for bit where both reduce
+    the same chunks in the same order (p = 3, inf), to float32 rounding for p = 2 (FlatStats
+    and GroupNorms sum a chunk in different orders)."""
+    from harness.clip import clip_grad_norm_
+
+    params = make_params()
+    grad = random_grad(params.size, 3.0, seed=4)
+    by_policy, state = clip(params, clip_by_global_norm(0.5, norm_type=norm_type), grad)
+    params.grad.assign(grad)
+    clip_grad_norm_([params.views[name].grad for name in params.names], 0.5, norm_type)
+    by_function = params.grad.numpy()
+    assert state["clipped"].numpy()[0] == 1
+    if norm_type == 2.0:
+        np.testing.assert_allclose(by_policy, by_function, rtol=2e-7, atol=0.0)
+    else:
+        np.testing.assert_array_equal(by_policy, by_function)
+
+
+def test_skip_guard_walks_parameters_and_mixed_state_as_one_chunk_table():
+    """SkipGuard copies the parameters and int/float optimizer state as 32-bit words over one
+    ChunkTable (harness.chunks): a restore under the skip flag brings every bit back, a
+    restore without it keeps the step."""
+    from harness.clip import SkipGuard
+
+    params = make_params()
+    params.data.assign(random_grad(params.size, 1.0, seed=1))
+    state = {
+        "step": wp.array([7], dtype=wp.int32, device="cpu"),
+        "m": wp.array(random_grad(3 * CHUNK + 5, 1.0, seed=2), dtype=wp.float32, device="cpu"),
+        "v64": wp.array(np.arange(5, dtype=np.float64) / 3.0, dtype=wp.float64, device="cpu"),
+        "lr": 0.1,  # not an array: not covered
+    }
+    skip = wp.zeros(1, dtype=wp.int32, device="cpu")
+    guard = SkipGuard(params, state, skip)
+    arrays = [params.data, state["step"], state["m"], state["v64"]]
+    assert guard.table.group_count == 4 and guard.table.scalar_count == params.size + 1 + 3 * CHUNK + 5 + 10
+    before = [a.numpy().copy() for a in arrays]
+
+    def step() -> None:
+        guard.save()
+        for a in arrays:
+            a.assign(a.numpy() + 1)
+
+    step()
+    skip.fill_(1)
+    guard.restore()
+    for a, b in zip(arrays, before, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b)
+    step()
+    skip.fill_(0)
+    guard.restore()
+    for a, b in zip(arrays, before, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b + 1)

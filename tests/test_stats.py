@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import warp as wp
 
-from harness.params import CHUNK, ParamSet, ParamSpec
-from harness.stats import ChunkTable, FlatStats, GroupNorms, norm_kind
+from harness.chunks import CHUNK
+from harness.params import ParamSet, ParamSpec
+from harness.stats import FlatStats, GroupNorms, norm_kind
 
 
 def make_params(extra: int = 0) -> ParamSet:
@@ -169,7 +170,7 @@ def test_group_norms_match_numpy_per_group_and_in_total(norm_type):
     params = make_params()
     x = np.random.default_rng(5).normal(scale=2.0, size=params.size).astype(np.float32)
     data = put(params, x)
-    norms = GroupNorms(ChunkTable.for_segments(params), norm_type=norm_type, device="cpu")
+    norms = GroupNorms(params.chunks, norm_type=norm_type, device="cpu")
     norms.compute(data.ptr)
     x64 = x.astype(np.float64)
     expected = [np.linalg.norm(x64[s], ord=norm_type) for s in segment_slices(params)]
@@ -184,7 +185,7 @@ def test_group_norms_propagate_nan_and_inf_like_torch():
     x[params.segments[2].offset] = np.nan
     data = put(params, x)
     for norm_type in (2.0, float("inf")):
-        norms = GroupNorms(ChunkTable.for_segments(params), norm_type=norm_type, device="cpu")
+        norms = GroupNorms(params.chunks, norm_type=norm_type, device="cpu")
         norms.compute(data.ptr)
         g = norms.group_norm.numpy()
         assert np.isinf(g[0]) and np.isfinite(g[1]) and np.isnan(g[2])

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 import warp as wp
 
+from harness.chunks import ChunkTable
 from harness.clip.kernels import MODE_GLOBAL, launch_clamp, launch_scale_groups
 from harness.clip.policies import check_limit
-from harness.stats import ChunkTable, GroupNorms, norm_kind, scalar_type_of
+from harness.stats import GroupNorms, norm_kind, scalar_type_of
 
 
 @dataclasses.dataclass
@@ -151,7 +152,7 @@ def clip_grad_norm_(
             0,
             mode=MODE_GLOBAL,
             max_norm=max_norm,
-            norms=norms,
+            total=norms.total,
             group_coef=plan.group_coef,
             coef=plan.coef,
             clipped=plan.clipped,

@@ -1,8 +1,9 @@
 """The clip kernels and the launches that run them.
 
 Device code only (Newton's split of kernels from host code): the coefficient rule of the
-global norm (``torch.nn.utils.clip_grad_norm_``'s ``max_norm / (total + 1e-6)``), the
-per-group scale used by every norm rule (global, per parameter, AGC), the value clamp,
+global norm (``torch.nn.utils.clip_grad_norm_``'s ``max_norm / (total + 1e-6)``, one
+function), the per-group scale used by every norm rule (global, per parameter, AGC; the
+policies and :func:`~harness.clip.clip_grad_norm_` alike), the value clamp,
 the non-finite stage, AutoClip's and ZClip's device-side state updates, and
 :class:`~harness.clip.nonfinite.SkipGuard`'s copy. The policies
 (:mod:`harness.clip.policies`) and the functional API (:mod:`harness.clip.functional`)
@@ -15,7 +16,7 @@ from typing import Any
 
 import warp as wp
 
-from harness.stats import ChunkTable, GroupNorms, chunk_view
+from harness.chunks import ChunkTable, chunk_view
 
 MODE_GLOBAL, MODE_PER_GROUP, MODE_AGC = 0, 1, 2
 """How :func:`launch_scale_groups` turns norms into a scale: one global coefficient, one per
@@ -67,7 +68,9 @@ def scale_groups_kernel(
     chunk_group: wp.array(dtype=wp.int32),
     lanes: int,
     mode: int,
-    max_norm: wp.float64,
+    max_norm_value: wp.float64,
+    limit: wp.array(dtype=wp.float32),
+    use_limit: int,
     use_f64: int,
     eps: wp.float64,
     group_norm: wp.array(dtype=wp.float64),
@@ -81,6 +84,9 @@ def scale_groups_kernel(
     # Thread (c, j) scales entries j, j + lanes, ... of chunk c: lanes = 1 on a CPU (one
     # thread per chunk), lanes = CHUNK on a GPU (one thread per entry, coalesced).
     c, j = wp.tid()
+    max_norm = max_norm_value
+    if use_limit != 0:  # a limit decided on the device (AutoClip, ZClip, the threshold state)
+        max_norm = wp.float64(limit[0])
     n = chunk_length[c]
     if j < n:
         coef = _group_coef(mode, chunk_group[c], max_norm, use_f64, eps, group_norm, total, param_norm)
@@ -128,28 +134,6 @@ def clamp_chunks_kernel(
     if smallest < wp.float64(1.0):
         wp.atomic_min(coef_out, 0, wp.float32(smallest))
         clipped_out[0] = 1
-
-
-@wp.kernel
-def scale_by_global_norm_kernel(
-    threshold: wp.array(dtype=wp.float32),
-    norm: wp.array(dtype=wp.float32),
-    grad: wp.array(dtype=wp.float32),
-    coef_out: wp.array(dtype=wp.float32),
-    clipped_out: wp.array(dtype=wp.int32),
-):
-    i = wp.tid()
-    coef = threshold[0] / (norm[0] + 1.0e-6)
-    # Clamp with a comparison rather than min() so that a nan coefficient stays nan.
-    if coef > 1.0:
-        coef = wp.float32(1.0)
-    grad[i] = grad[i] * coef
-    if i == 0:
-        coef_out[0] = coef
-        if coef < 1.0:
-            clipped_out[0] = 1
-        else:
-            clipped_out[0] = 0
 
 
 @wp.kernel
@@ -309,7 +293,7 @@ def zclip_kernel(
 def guard_copy_kernel(
     chunk_offset: wp.array(dtype=wp.int64),
     chunk_length: wp.array(dtype=wp.int32),
-    chunk_saved: wp.array(dtype=wp.int32),
+    chunk_packed: wp.array(dtype=wp.int32),
     saved: wp.array(dtype=wp.uint32),
     restore: int,
     skip: wp.array(dtype=wp.int32),
@@ -318,7 +302,7 @@ def guard_copy_kernel(
     if j >= chunk_length[c]:
         return
     live = chunk_view(wp.uint64(0), chunk_offset[c], chunk_length[c], wp.uint32(0))
-    k = chunk_saved[c] + j
+    k = chunk_packed[c] + j
     if restore == 0:
         saved[k] = live[j]
     elif skip[0] != 0:
@@ -330,16 +314,38 @@ def launch_scale_groups(
     base: int,
     *,
     mode: int,
-    max_norm: float,
-    norms: GroupNorms,
+    total: wp.array,
     group_coef: wp.array,
     coef: wp.array,
     clipped: wp.array,
+    max_norm: float = 0.0,
+    limit: wp.array | None = None,
+    group_norm: wp.array | None = None,
     use_f64: bool = False,
     eps: float = 0.0,
-    param_norms: GroupNorms | None = None,
+    param_norm: wp.array | None = None,
 ) -> None:
-    lanes = table.max_chunk if norms.device.is_cuda else 1
+    """Scale the memory ``table`` describes (relative to ``base``) by the clip coefficient of
+    each chunk's group.
+
+    Args:
+        table: The groups (a ParamSet's ``chunks``, AGC units, a list of arrays).
+        base: Pointer the table's offsets are relative to.
+        mode: ``MODE_GLOBAL`` (``min(1, max_norm / (total + 1e-6))`` for every group),
+            ``MODE_PER_GROUP`` (the same rule on each group's norm) or ``MODE_AGC``.
+        total: float64 ``(1,)``, the norm over all groups.
+        group_coef: float32 ``(group_count,)``, receives each group's factor.
+        coef: float32 ``(1,)``, receives the smallest factor.
+        clipped: int32 ``(1,)``, receives 1 when a factor is below 1.
+        max_norm: The limit (AGC: ``lambda``), unless ``limit`` is given.
+        limit: float32 ``(1,)`` on the device: the limit, read when the kernel runs.
+        group_norm: float64 ``(group_count,)``, each group's norm (per group, AGC).
+        use_f64: Compute the factor in float64 (float64 gradients), else in float32.
+        eps: AGC's floor of the parameter norm.
+        param_norm: float64 ``(group_count,)``, AGC's parameter norms.
+    """
+    device = total.device
+    lanes = table.max_chunk if device.is_cuda else 1
     wp.launch(
         scale_groups_kernel,
         dim=(table.chunk_count, max(lanes, 1)),
@@ -352,17 +358,19 @@ def launch_scale_groups(
             max(lanes, 1),
             mode,
             wp.float64(max_norm),
+            coef if limit is None else limit,
+            int(limit is not None),
             int(use_f64),
             wp.float64(eps),
-            norms.group_norm,
-            norms.total,
-            (param_norms or norms).group_norm,
+            total if group_norm is None else group_norm,
+            total,
+            (total if group_norm is None else group_norm) if param_norm is None else param_norm,
             table.group_count,
             group_coef,
             coef,
             clipped,
         ],
-        device=norms.device,
+        device=device,
     )
 
 

@@ -23,9 +23,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import warp as wp
 
+from harness.chunks import ChunkTable
 from harness.clip.kernels import guard_copy_kernel, nonfinite_stage_kernel, zero_nonfinite_kernel
 from harness.clip.policies import ClipPolicy, _scratch, _ScratchCache
 from harness.params import ParamSet
@@ -152,7 +152,9 @@ class SkipGuard:
     Works with any optimizer, without knowing its internals: :meth:`save` copies the
     parameters and every array of the optimizer state (as raw 32-bit words, so integer
     counters and floats come back bit-identical) before the step; :meth:`restore` copies
-    them back after the step when the skip flag is set. One launch each, no host branch;
+    them back after the step when the skip flag is set. The arrays are walked as one
+    :class:`~harness.chunks.ChunkTable` of 32-bit words (``ChunkTable.for_words``). One
+    launch each, no host branch;
     the cost is two copies of parameters plus optimizer state per iteration. An optimizer
     that reads the flag itself (``if skip[0]: return`` in its kernels) can replace the guard.
 
@@ -162,38 +164,30 @@ class SkipGuard:
         skip: The device flag, ``clip_state["skip"]``.
 
     Raises:
-        ValueError: If an array is not contiguous, not on the parameters' device, or not a
+        ValueError: If an array is not on the parameters' device, not contiguous or not a
             whole number of 32-bit words.
     """
 
     def __init__(self, params: ParamSet, opt_state: Mapping[str, Any], skip: wp.array):
         arrays = [params.data, *(v for v in opt_state.values() if isinstance(v, wp.array))]
-        offsets, lengths, saved_starts = [], [], []
-        total = 0
-        for array in arrays:
-            nbytes = array.size * wp.types.type_size_in_bytes(array.dtype)
-            if not array.is_contiguous or array.device != params.device or nbytes % 4:
-                raise ValueError("SkipGuard: arrays must be contiguous, 32-bit aligned and on the parameters' device")
-            words = nbytes // 4
-            for start in range(0, words, 256):
-                offsets.append(array.ptr + 4 * start)
-                lengths.append(min(256, words - start))
-                saved_starts.append(total + start)
-            total += words
-        dev = params.device
+        if any(array.device != params.device for array in arrays):
+            raise ValueError("SkipGuard: arrays must be on the parameters' device")
+        try:
+            self.table = ChunkTable.for_words(arrays, device=params.device)
+        except ValueError:
+            raise ValueError(
+                "SkipGuard: arrays must be contiguous, 32-bit aligned and on the parameters' device"
+            ) from None
         self.skip = skip
-        self._chunk_offset = wp.array(np.array(offsets, np.int64), dtype=wp.int64, device=dev)
-        self._chunk_length = wp.array(np.array(lengths, np.int32), dtype=wp.int32, device=dev)
-        self._chunk_saved = wp.array(np.array(saved_starts, np.int32), dtype=wp.int32, device=dev)
-        self._saved = wp.zeros(max(total, 1), dtype=wp.uint32, device=dev)
-        self._dim = (len(offsets), max(lengths, default=0))
+        self._saved = wp.zeros(max(self.table.scalar_count, 1), dtype=wp.uint32, device=params.device)
         self._arrays = arrays  # keep the covered buffers alive
 
     def _launch(self, restore: int) -> None:
+        table = self.table
         wp.launch(
             guard_copy_kernel,
-            dim=self._dim,
-            inputs=[self._chunk_offset, self._chunk_length, self._chunk_saved, self._saved, restore, self.skip],
+            dim=(table.chunk_count, max(table.max_chunk, 1)),
+            inputs=[table.chunk_offset, table.chunk_length, table.chunk_packed, self._saved, restore, self.skip],
             device=self._saved.device,
         )
 

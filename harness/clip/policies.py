@@ -22,19 +22,20 @@ from typing import Any
 
 import warp as wp
 
+from harness.chunks import ChunkTable
 from harness.clip.kernels import (
     MODE_AGC,
+    MODE_GLOBAL,
     MODE_PER_GROUP,
     autoclip_kernel,
     chain_combine_kernel,
     launch_clamp,
     launch_scale_groups,
     reset_coef_kernel,
-    scale_by_global_norm_kernel,
     zclip_kernel,
 )
 from harness.params import ParamSet
-from harness.stats import ChunkTable, FlatStats, GroupNorms, norm_kind
+from harness.stats import FlatStats, GroupNorms, norm_kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,22 +185,31 @@ def _threshold_state(value: float) -> Callable[[ParamSet], dict[str, wp.array]]:
     return init
 
 
-def _scale_by_threshold(params: ParamSet, state: dict[str, wp.array], norm: wp.array) -> None:
-    wp.launch(
-        scale_by_global_norm_kernel,
-        dim=params.size,
-        inputs=[state["threshold"], norm, params.grad, state["coef"], state["clipped"]],
-        device=params.device,
+_GROUP_COEF = _ScratchCache()
+"""Per-ParamSet float32 ``(segment_count,)`` scratch the global scale writes its factor to."""
+
+
+def _scale_by_threshold(params: ParamSet, state: dict[str, wp.array], total: wp.array) -> None:
+    """The global-norm rule with the limit ``state["threshold"]`` (read on the device) and the
+    float64 norm ``total``: the kernel :func:`~harness.clip.clip_grad_norm_` runs too."""
+    group_coef = _scratch(
+        _GROUP_COEF, params, lambda: wp.ones(params.segment_count, dtype=wp.float32, device=params.device)
+    )
+    launch_scale_groups(
+        params.chunks,
+        params.grad.ptr,
+        mode=MODE_GLOBAL,
+        limit=state["threshold"],
+        total=total,
+        group_coef=group_coef,
+        coef=state["coef"],
+        clipped=state["clipped"],
     )
 
 
 def _segment_norms(cache: weakref.WeakKeyDictionary, params: ParamSet, p: float) -> GroupNorms:
     """The cached per-parameter p-norm reducer of ``params``."""
-
-    def build() -> GroupNorms:
-        return GroupNorms(ChunkTable.for_segments(params), norm_type=p, device=params.device)
-
-    return _scratch(cache, params, build)
+    return _scratch(cache, params, lambda: GroupNorms(params.chunks, norm_type=p, device=params.device))
 
 
 # --------------------------------------------------------------------------- policies
@@ -238,13 +248,11 @@ def clip_by_value(clip_value: float) -> ClipPolicy:
         ValueError: If ``clip_value`` is negative or nan.
     """
     clip_value = check_limit("clip_value", clip_value)
-    tables: weakref.WeakKeyDictionary = _ScratchCache()
 
     def apply(params: ParamSet, state: dict[str, wp.array], stats: FlatStats, skip: wp.array) -> None:
         del stats, skip
-        table = _scratch(tables, params, lambda: ChunkTable.for_segments(params))
         wp.launch(reset_coef_kernel, dim=1, inputs=[state["coef"], state["clipped"]], device=params.device)
-        launch_clamp(table, params.grad.ptr, clip_value, state["coef"], state["clipped"])
+        launch_clamp(params.chunks, params.grad.ptr, clip_value, state["coef"], state["clipped"])
 
     return _build_policy("value", [ClipRule("value", lambda params: {}, apply)])
 
@@ -286,11 +294,11 @@ def clip_by_global_norm(
     def apply(params: ParamSet, state: dict[str, wp.array], stats: FlatStats, skip: wp.array) -> None:
         del skip
         if p == 2.0:
-            _scale_by_threshold(params, state, stats.norm)
+            _scale_by_threshold(params, state, stats.norm64)
             return
         norms = _segment_norms(norms_cache, params, p)
         norms.compute(params.grad.ptr)
-        _scale_by_threshold(params, state, norms.norm)
+        _scale_by_threshold(params, state, norms.total)
 
     rule = ClipRule("global_norm", _threshold_state(max_norm), apply)
     return _build_policy("global_norm", [rule])
@@ -334,7 +342,8 @@ def clip_by_norm_per_param(
             params.grad.ptr,
             mode=MODE_PER_GROUP,
             max_norm=max_norm,
-            norms=norms,
+            total=norms.total,
+            group_norm=norms.group_norm,
             group_coef=state["segment_coef"],
             coef=state["coef"],
             clipped=state["clipped"],
@@ -418,12 +427,13 @@ def adaptive_grad_clip(
             params.grad.ptr,
             mode=MODE_AGC,
             max_norm=clipping,
-            norms=grad_norms,
+            total=grad_norms.total,
+            group_norm=grad_norms.group_norm,
             group_coef=unit_coef,
             coef=state["coef"],
             clipped=state["clipped"],
             eps=eps,
-            param_norms=param_norms,
+            param_norm=param_norms.group_norm,
         )
 
     return _build_policy("agc", [ClipRule("agc", lambda params: {}, apply)])
@@ -490,7 +500,7 @@ def autoclip(
             ],
             device=params.device,
         )
-        _scale_by_threshold(params, state, stats.norm)
+        _scale_by_threshold(params, state, stats.norm64)
 
     return _build_policy("autoclip", [ClipRule("autoclip", init, apply)])
 
@@ -575,7 +585,7 @@ def zclip(
             ],
             device=params.device,
         )
-        _scale_by_threshold(params, state, stats.norm)
+        _scale_by_threshold(params, state, stats.norm64)
 
     return _build_policy("zclip", [ClipRule("zclip", init, apply)])
 
