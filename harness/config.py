@@ -115,13 +115,6 @@ class Run:
         )
 
 
-def _check_int(cfg: Mapping[str, Any], field: str, minimum: int, *, prefix: str = "") -> int:
-    value = cfg.get(field)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{prefix}{field}: must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def check_device(name: str | None) -> str | None:
     """Accept None (Warp's preferred device) or the name of a device Warp sees."""
     import warp as wp
@@ -132,32 +125,6 @@ def check_device(name: str | None) -> str | None:
     if str(name) not in names:
         raise ConfigError(f"device: '{name}' is not available here; accepted: null (preferred), {', '.join(names)}")
     return str(name)
-
-
-def _check_types(value: Any, default: Any, field: str) -> None:
-    """A value whose option file default is a number (bool) must be a number (bool) too."""
-    if isinstance(default, dict) and isinstance(value, dict):
-        for key, sub in value.items():
-            if key in default:
-                _check_types(sub, default[key], f"{field}.{key}")
-        return
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{field}: expected true or false, got {value!r}")
-    elif isinstance(default, int | float) and (isinstance(value, bool) or not isinstance(value, int | float)):
-        raise ConfigError(f"{field}: expected a number, got {value!r}")
-
-
-def check_group_types(cfg: DictConfig, choices: Mapping[str, Any]) -> None:
-    """Compare every group's values with the types of its option file's defaults."""
-    for group in GROUPS:
-        choice = choices.get(group)
-        option = CONFIG_DIR / group / f"{choice}.yaml"
-        if group not in cfg or cfg[group] is None or choice is None or not option.exists():
-            continue
-        default = OmegaConf.to_container(OmegaConf.load(option), resolve=False)
-        value = OmegaConf.to_container(cfg[group], resolve=True)
-        _check_types(value, default, group)
 
 
 def _instantiate(cfg: DictConfig | dict, group: str, **kwargs: Any) -> Any:
@@ -236,18 +203,28 @@ def _import_object(path: str) -> Any:
         raise ImportError(f"module '{module_name}' has no attribute '{attribute}'") from None
 
 
-def _check_capture(value: Any) -> bool | str:
-    if value == "auto" or isinstance(value, bool):
-        return value
-    raise ConfigError(f"capture: expected auto, true or false, got {value!r}")
+TOP_LEVEL_SECTIONS = (*GROUPS, "memory", "gradcheck")
+"""Top-level keys of a composed config that are not loop settings (the groups have their
+own schemas; ``memory.segment_steps`` is checked against the env's horizon)."""
 
 
-def _check_resume(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"resume: expected null, auto, or a checkpoint file or run folder path, got {value!r}")
-    return value
+def train_settings(cfg: DictConfig) -> Any:
+    """The loop settings of ``cfg``'s top level (:class:`~harness.training.loop.TrainSettings`,
+    its schema), with the device checked against the devices Warp sees.
+
+    Raises:
+        ConfigError: One line naming the field and what is accepted.
+    """
+    from harness.schema import SchemaError, build
+    from harness.training.loop import TrainSettings
+
+    values = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        settings = build(TrainSettings, values, prefix="", ignore=TOP_LEVEL_SECTIONS)
+    except SchemaError as exc:
+        raise ConfigError(str(exc)) from None
+    check_device(settings.device)
+    return settings
 
 
 def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
@@ -256,22 +233,8 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
     Returns:
         The run with every side-effect-free object built and ``env`` still None.
     """
-    from harness.training.loop import TrainSettings
-
     require_env(cfg)
-    checkpoint = cfg.get("checkpoint") or {}
-    settings = TrainSettings(
-        iterations=_check_int(cfg, "iterations", 1),
-        log_every=_check_int(cfg, "log_every", 1),
-        seed=_check_int(cfg, "seed", 0),
-        device=check_device(cfg.get("device")),
-        checkpoint_every=_check_int(checkpoint, "every", 0, prefix="checkpoint."),
-        checkpoint_keep=_check_int(checkpoint, "keep", 1, prefix="checkpoint."),
-        resume=_check_resume(cfg.get("resume")),
-        capture=_check_capture(cfg.get("capture", "auto")),
-        plot_every=None if cfg.get("plot_every") is None else _check_int(cfg, "plot_every", 0),
-    )
-    check_group_types(cfg, choices)
+    settings = train_settings(cfg)
     env_class, env_fields = check_env_fields(cfg)
     task = _instantiate(cfg, "task")
     try:

@@ -19,6 +19,9 @@ from typing import Any
 import numpy as np
 import warp as wp
 
+from harness import schema
+from harness.schema import field
+
 
 @wp.kernel
 def _squared_difference_term(
@@ -65,13 +68,13 @@ class LossTerm:
         steps: ``all`` (running cost over the whole horizon) or ``last`` (final step only).
     """
 
-    name: str
-    source: str
-    weight: float = 1.0
-    kind: str = "quadratic"
-    dim_weights: tuple[float, ...] = ()
-    target: tuple[float, ...] = ()
-    steps: str = "all"
+    name: str = field()
+    source: str = field()
+    weight: float = field(1.0, minimum=0.0)
+    kind: str = field("quadratic", choices=("quadratic", "reference"))
+    dim_weights: tuple[float, ...] | None = field(())
+    target: tuple[float, ...] | None = field(())
+    steps: str = field("all", choices=("all", "last"))
 
 
 TERM_KINDS = {"quadratic": _squared_difference_term, "reference": _squared_difference_term}
@@ -87,18 +90,14 @@ class WeightedLoss:
 
     def __init__(self, terms: Mapping[str, Mapping[str, Any]] | Sequence[LossTerm]):
         if isinstance(terms, Mapping):
-            built = [LossTerm(name=name, **_plain(fields)) for name, fields in terms.items()]
+            built = [
+                schema.build(LossTerm, {"name": str(name), **dict(fields or {})}, prefix=f"loss.terms.{name}")
+                for name, fields in terms.items()
+            ]
         else:
-            built = list(terms)
+            built = [schema.build(LossTerm, dataclasses.asdict(t), prefix=f"loss.terms.{t.name}") for t in terms]
         if not built:
             raise ValueError("loss.terms: at least one term is needed")
-        for term in built:
-            if term.kind not in TERM_KINDS:
-                raise ValueError(f"loss.terms.{term.name}.kind: '{term.kind}' is not one of {sorted(TERM_KINDS)}")
-            if term.steps not in STEP_MODES:
-                raise ValueError(f"loss.terms.{term.name}.steps: '{term.steps}' is not one of {list(STEP_MODES)}")
-            if not np.isfinite(term.weight) or term.weight < 0:
-                raise ValueError(f"loss.terms.{term.name}.weight: must be a finite number >= 0, got {term.weight}")
         self.terms = built
         self._bound = False
         self._references: dict[str, wp.array] = {}
@@ -202,15 +201,6 @@ class WeightedLoss:
             _sum_terms, dim=1, inputs=[self.term_values, len(self.terms)], outputs=[self.total], device=self.device
         )
         return self.total
-
-
-def _plain(fields: Mapping[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, value in dict(fields).items():
-        out[key] = (
-            tuple(float(v) for v in value) if isinstance(value, Sequence) and not isinstance(value, str) else value
-        )
-    return out
 
 
 def _per_dim(values: Sequence[float] | None, dim: int, default: float, field: str) -> np.ndarray:

@@ -31,14 +31,15 @@ exactly, and the same state serves a ``ParamSet`` or the list of its views.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import warp as wp
 
+from harness import schema
 from harness.params import ParamSet, flat_view
+from harness.schema import field
 
 __all__ = [
     "OPTIMIZERS",
@@ -239,48 +240,77 @@ class Optimizer:
 # --------------------------------------------------------------------------- validation
 
 
-def _check(field: str, value: object, ok: bool, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"optim.{field} must be {rule}, got {value!r}")
+# The arguments of each optimizer, as schemas (types and ranges, checked by harness.schema
+# whether Hydra or Python calls the factory; the factory's signature holds the defaults).
 
 
-def _nonnegative(field: str, value: object) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    _check(field, value, number >= 0.0 and math.isfinite(number), "a finite number >= 0")
-    return number
+def _lr() -> Any:
+    return field(minimum=0.0, doc="learning rate")
 
 
-def _flag(field: str, value: object) -> bool:
-    _check(field, value, isinstance(value, bool), "true or false")
-    return bool(value)
+def _decay() -> Any:
+    return field(minimum=0.0, doc="weight decay coefficient")
 
 
-def _betas(value: object) -> tuple[float, float]:
-    try:
-        beta1, beta2 = (float(b) for b in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"optim.betas must be a sequence of 2 floats, got {value!r}") from None
-    _check("betas", value, 0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0, "two numbers in [0, 1)")
-    return beta1, beta2
+def _betas() -> Any:
+    return field(minimum=0.0, maximum=1.0, strict_maximum=True, length=2, doc="(b1, b2), each in [0, 1)")
 
 
-def _eps(value: object) -> float:
-    eps = _nonnegative("eps", value)
-    _check("eps", value, eps > 0.0, "> 0")
-    return eps
+def _eps() -> Any:
+    return field(minimum=0.0, strict=True, doc="added to the denominator")
 
 
-def _schedulefree_fields(warmup_steps: object, r: object, weight_lr_power: object) -> tuple[int, float, float]:
-    _check(
-        "warmup_steps",
-        warmup_steps,
-        isinstance(warmup_steps, int) and not isinstance(warmup_steps, bool) and warmup_steps >= 0,
-        "an integer >= 0",
-    )
-    return int(warmup_steps), _nonnegative("r", r), _nonnegative("weight_lr_power", weight_lr_power)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SGDArgs:
+    """:func:`sgd`'s arguments."""
+
+    lr: float = _lr()
+    momentum: float = field(minimum=0.0)
+    dampening: float = field(minimum=0.0, maximum=1.0)
+    nesterov: bool = field()
+    weight_decay: float = _decay()
+
+    def check(self) -> None:
+        if self.nesterov and not (self.momentum > 0.0 and self.dampening == 0.0):
+            raise ValueError("nesterov: must be false unless momentum > 0 and dampening = 0, got True")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdamArgs:
+    """:func:`adam`'s and :func:`adamw`'s arguments."""
+
+    lr: float = _lr()
+    betas: tuple[float, ...] = _betas()
+    eps: float = _eps()
+    weight_decay: float = _decay()
+    amsgrad: bool = field()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScheduleFreeArgs:
+    """What :func:`sgd_schedulefree` and :func:`adamw_schedulefree` share."""
+
+    lr: float = _lr()
+    weight_decay: float = _decay()
+    warmup_steps: int = field(minimum=0)
+    r: float = field(minimum=0.0)
+    weight_lr_power: float = field(minimum=0.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SGDScheduleFreeArgs(ScheduleFreeArgs):
+    """:func:`sgd_schedulefree`'s arguments."""
+
+    momentum: float = field(minimum=0.0, strict=True, maximum=1.0, strict_maximum=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdamWScheduleFreeArgs(ScheduleFreeArgs):
+    """:func:`adamw_schedulefree`'s arguments."""
+
+    betas: tuple[float, ...] = _betas()
+    eps: float = _eps()
+    decay_at_z: bool = field()
 
 
 # --------------------------------------------------------------------------- SGD
@@ -352,19 +382,15 @@ def sgd(
     Raises:
         ValueError: If an argument is out of range (the message names ``optim.<field>``).
     """
-    lr, momentum, weight_decay = (
-        _nonnegative("lr", lr),
-        _nonnegative("momentum", momentum),
-        _nonnegative("weight_decay", weight_decay),
+    args = schema.check(
+        SGDArgs, "optim", lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov, weight_decay=weight_decay
     )
-    dampening = _nonnegative("dampening", dampening)
-    _check("dampening", dampening, dampening <= 1.0, "in [0, 1]")
-    nesterov = _flag("nesterov", nesterov)
-    _check(
-        "nesterov",
-        nesterov,
-        not nesterov or (momentum > 0.0 and dampening == 0.0),
-        "false unless momentum > 0 and dampening = 0",
+    lr, momentum, dampening, nesterov, weight_decay = (
+        args.lr,
+        args.momentum,
+        args.dampening,
+        args.nesterov,
+        args.weight_decay,
     )
 
     def advance(state: State) -> None:
@@ -477,8 +503,8 @@ def _adam_kernel(
 def _adam_family(
     name: str, lr: object, betas: object, eps: object, weight_decay: object, amsgrad: object, *, decoupled: bool
 ) -> Optimizer:
-    lr, weight_decay = _nonnegative("lr", lr), _nonnegative("weight_decay", weight_decay)
-    (beta1, beta2), eps, amsgrad = _betas(betas), _eps(eps), _flag("amsgrad", amsgrad)
+    args = schema.check(AdamArgs, "optim", lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
+    lr, (beta1, beta2), eps, weight_decay, amsgrad = args.lr, args.betas, args.eps, args.weight_decay, args.amsgrad
 
     def scalars(device: wp.context.Device) -> State:
         return {key: wp.zeros(1, dtype=wp.float32, device=device) for key in _ADAM_SCALARS}
@@ -801,10 +827,18 @@ def sgd_schedulefree(
     Raises:
         ValueError: If an argument is out of range (the message names ``optim.<field>``).
     """
-    lr, weight_decay = _nonnegative("lr", lr), _nonnegative("weight_decay", weight_decay)
-    momentum = _nonnegative("momentum", momentum)
-    _check("momentum", momentum, 0.0 < momentum < 1.0, "in (0, 1)")
-    warmup_steps, r, weight_lr_power = _schedulefree_fields(warmup_steps, r, weight_lr_power)
+    args = schema.check(
+        SGDScheduleFreeArgs,
+        "optim",
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        warmup_steps=warmup_steps,
+        r=r,
+        weight_lr_power=weight_lr_power,
+    )
+    lr, momentum, weight_decay = args.lr, args.momentum, args.weight_decay
+    warmup_steps, r, weight_lr_power = args.warmup_steps, args.r, args.weight_lr_power
 
     def update(seg: _Segment, state: State) -> None:
         wp.launch(
@@ -876,9 +910,21 @@ def adamw_schedulefree(
     Raises:
         ValueError: If an argument is out of range (the message names ``optim.<field>``).
     """
-    lr, weight_decay = _nonnegative("lr", lr), _nonnegative("weight_decay", weight_decay)
-    (beta1, beta2), eps, decay_at_z = _betas(betas), _eps(eps), _flag("decay_at_z", decay_at_z)
-    warmup_steps, r, weight_lr_power = _schedulefree_fields(warmup_steps, r, weight_lr_power)
+    args = schema.check(
+        AdamWScheduleFreeArgs,
+        "optim",
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        warmup_steps=warmup_steps,
+        r=r,
+        weight_lr_power=weight_lr_power,
+        decay_at_z=decay_at_z,
+    )
+    lr, (beta1, beta2), eps, weight_decay = args.lr, args.betas, args.eps, args.weight_decay
+    decay_at_z = args.decay_at_z
+    warmup_steps, r, weight_lr_power = args.warmup_steps, args.r, args.weight_lr_power
 
     def update(seg: _Segment, state: State) -> None:
         wp.launch(

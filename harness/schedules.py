@@ -34,10 +34,12 @@ new steps). :meth:`Schedule.read_reductions` reports firings at log intervals.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import warp as wp
+
+from harness import schema
+from harness.schema import field
 
 __all__ = ["SCHEDULES", "Schedule", "constant", "cosine_decay", "linear_warmup", "step_decay"]
 
@@ -230,80 +232,48 @@ _STATE_ORDER = (
 """Schedule state arrays in the order the kernel takes them."""
 
 
-# --------------------------------------------------------------------------- validation
+# --------------------------------------------------------------------------- arguments
 
 
-def _check(field: str, value: object, ok: bool, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"schedule.{field} must be {rule}, got {value!r}")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScheduleArgs:
+    """What every schedule takes: the warmup and the clip-aware rule (with its defaults,
+    ``configs/base/schedule.yaml``). Types and ranges are checked by :mod:`harness.schema`."""
+
+    warmup_steps: int = field(minimum=0)
+    start_factor: float = field(minimum=0.0, maximum=1.0)
+    clip_aware: bool = field(False)
+    clip_window: int = field(20, minimum=1)
+    clip_fraction: float = field(0.5, minimum=0.0, maximum=1.0, strict_maximum=True, doc="the rule fires above it")
+    clip_factor: float = field(0.5, minimum=0.0, strict=True, maximum=1.0)
+    clip_min_scale: float = field(0.01, minimum=0.0, maximum=1.0)
 
 
-def _integer(field: str, value: object, minimum: int) -> int:
-    _check(
-        field,
-        value,
-        isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
-        f"an integer >= {minimum}",
-    )
-    return int(value)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CosineDecayArgs(ScheduleArgs):
+    """:func:`cosine_decay`'s arguments."""
+
+    decay_steps: int = field(minimum=1)
+    min_factor: float = field(minimum=0.0, maximum=1.0)
 
 
-def _unit(field: str, value: object, *, open_low: bool = False) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    ok = (0.0 < number if open_low else 0.0 <= number) and number <= 1.0
-    _check(field, value, ok, "in (0, 1]" if open_low else "in [0, 1]")
-    return number
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepDecayArgs(ScheduleArgs):
+    """:func:`step_decay`'s arguments."""
+
+    step_size: int = field(minimum=1)
+    gamma: float = field(minimum=0.0, strict=True, maximum=1.0)
 
 
-_CLIP_RULE_DEFAULTS = {
-    "clip_aware": False,
-    "clip_window": 20,
-    "clip_fraction": 0.5,
-    "clip_factor": 0.5,
-    "clip_min_scale": 0.01,
-}
-"""Keyword arguments of the clip-aware rule that every factory accepts, with their defaults."""
+_SHAPES = {CosineDecayArgs: ("decay_steps", "min_factor"), StepDecayArgs: ("step_size", "gamma")}
+"""The fields of each schedule's own shape, handed to :class:`Schedule` as its private fields."""
 
 
-def _build(
-    name: str, kind: int, shape: dict[str, Any], *, warmup_steps: int, start_factor: float, **clip_rule: Any
-) -> Schedule:
-    unknown = sorted(set(clip_rule) - set(_CLIP_RULE_DEFAULTS))
-    if unknown:
-        raise ValueError(
-            f"schedule.{unknown[0]} is not a field of schedule {name}; accepted besides its own: "
-            + ", ".join(_CLIP_RULE_DEFAULTS)
-        )
-    clip_rule = {**_CLIP_RULE_DEFAULTS, **clip_rule}
-    clip_aware, clip_window, clip_fraction = (
-        clip_rule["clip_aware"],
-        clip_rule["clip_window"],
-        clip_rule["clip_fraction"],
-    )
-    clip_factor, clip_min_scale = clip_rule["clip_factor"], clip_rule["clip_min_scale"]
-    warmup_steps = _integer("warmup_steps", warmup_steps, 0)
-    start_factor = _unit("start_factor", start_factor)
-    _check("clip_aware", clip_aware, isinstance(clip_aware, bool), "true or false")
-    clip_window = _integer("clip_window", clip_window, 1)
-    clip_fraction = _unit("clip_fraction", clip_fraction)
-    _check("clip_fraction", clip_fraction, clip_fraction < 1.0, "in [0, 1) (the rule fires above it)")
-    clip_factor = _unit("clip_factor", clip_factor, open_low=True)
-    clip_min_scale = _unit("clip_min_scale", clip_min_scale)
-    hyperparameters = {
-        **shape,
-        "warmup_steps": warmup_steps,
-        "start_factor": start_factor,
-        "clip_aware": clip_aware,
-        "clip_window": clip_window,
-        "clip_fraction": clip_fraction,
-        "clip_factor": clip_factor,
-        "clip_min_scale": clip_min_scale,
-    }
-    private = {f"_{key}": value for key, value in shape.items()}
-    return Schedule(name, hyperparameters, kind, warmup_steps, start_factor, **private)
+def _build(name: str, kind: int, args_schema: type, **values: Any) -> Schedule:
+    args = schema.check(args_schema, "schedule", **values)
+    hyperparameters = dataclasses.asdict(args)
+    private = {f"_{key}": hyperparameters[key] for key in _SHAPES.get(args_schema, ())}
+    return Schedule(name, hyperparameters, kind, args.warmup_steps, args.start_factor, **private)
 
 
 def constant(**clip_rule: Any) -> Schedule:
@@ -320,7 +290,7 @@ def constant(**clip_rule: Any) -> Schedule:
     Raises:
         ValueError: If an argument is out of range (the message names ``schedule.<field>``).
     """
-    return _build("constant", _CONSTANT, {}, warmup_steps=0, start_factor=1.0, **clip_rule)
+    return _build("constant", _CONSTANT, ScheduleArgs, warmup_steps=0, start_factor=1.0, **clip_rule)
 
 
 def linear_warmup(warmup_steps: int = 10, *, start_factor: float = 0.1, **clip_rule: Any) -> Schedule:
@@ -340,7 +310,9 @@ def linear_warmup(warmup_steps: int = 10, *, start_factor: float = 0.1, **clip_r
     Raises:
         ValueError: If an argument is out of range (the message names ``schedule.<field>``).
     """
-    return _build("linear_warmup", _CONSTANT, {}, warmup_steps=warmup_steps, start_factor=start_factor, **clip_rule)
+    return _build(
+        "linear_warmup", _CONSTANT, ScheduleArgs, warmup_steps=warmup_steps, start_factor=start_factor, **clip_rule
+    )
 
 
 def cosine_decay(
@@ -371,8 +343,16 @@ def cosine_decay(
     Raises:
         ValueError: If an argument is out of range (the message names ``schedule.<field>``).
     """
-    shape = {"decay_steps": _integer("decay_steps", decay_steps, 1), "min_factor": _unit("min_factor", min_factor)}
-    return _build("cosine_decay", _COSINE, shape, warmup_steps=warmup_steps, start_factor=start_factor, **clip_rule)
+    return _build(
+        "cosine_decay",
+        _COSINE,
+        CosineDecayArgs,
+        decay_steps=decay_steps,
+        min_factor=min_factor,
+        warmup_steps=warmup_steps,
+        start_factor=start_factor,
+        **clip_rule,
+    )
 
 
 def step_decay(
@@ -400,8 +380,16 @@ def step_decay(
     Raises:
         ValueError: If an argument is out of range (the message names ``schedule.<field>``).
     """
-    shape = {"step_size": _integer("step_size", step_size, 1), "gamma": _unit("gamma", gamma, open_low=True)}
-    return _build("step_decay", _STEP, shape, warmup_steps=warmup_steps, start_factor=start_factor, **clip_rule)
+    return _build(
+        "step_decay",
+        _STEP,
+        StepDecayArgs,
+        step_size=step_size,
+        gamma=gamma,
+        warmup_steps=warmup_steps,
+        start_factor=start_factor,
+        **clip_rule,
+    )
 
 
 SCHEDULES = {f.__name__: f for f in (constant, linear_warmup, cosine_decay, step_decay)}

@@ -1,14 +1,17 @@
 """Typed config sections as dataclasses, checked field by field with one-line errors.
 
-This module owns the rule for turning a mapping of values (a YAML section after Hydra's
-composition) into a dataclass instance: unknown fields, wrong types and values out of
-range are refused with one line naming the field (``env.horizon: must be an integer >= 1,
-got 0``). A field states its range in its metadata with :func:`field`; the type comes
-from its annotation (``int``, ``float``, ``bool``, ``str``, ``tuple[float, ...]``, or
-``X | None``).
+The one module that checks values: this module owns the rule for turning a mapping of
+values (a YAML section after Hydra's composition, or a factory's keyword arguments) into a
+dataclass instance: unknown fields, wrong types and values out of range are refused with
+one line naming the field (``env.horizon: must be an integer >= 1, got 0``). A field states
+its range in its metadata with :func:`field`; the type comes from its annotation (``int``,
+``float``, ``bool``, ``str``, ``tuple[float, ...]``, or ``X | None``).
 
-An env's schema is its ``Config`` dataclass (:class:`harness.env.EnvConfig`); the same
-checks serve every other section that has a schema.
+The schemas: an env's ``Config`` (:class:`harness.env.EnvConfig`), the loop's
+:class:`~harness.training.loop.TrainSettings` (the top level of ``configs/train.yaml``),
+and the arguments of every optimizer (:mod:`harness.optim`), schedule
+(:mod:`harness.schedules`) and clip policy (:mod:`harness.clip.policies`), which their
+factories check whether Hydra or Python code calls them.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["SchemaError", "build", "field"]
+__all__ = ["SchemaError", "build", "check", "field"]
 
 
 class SchemaError(ValueError):
@@ -33,8 +36,11 @@ def field(
     minimum: float | None = None,
     maximum: float | None = None,
     strict: bool = False,
+    strict_maximum: bool = False,
+    finite: bool = True,
     choices: Sequence[Any] | None = None,
     length: int | None = None,
+    key: str | None = None,
     doc: str = "",
 ) -> Any:
     """A dataclass field with its accepted range.
@@ -44,13 +50,27 @@ def field(
         minimum: Smallest accepted value (each entry, for a tuple).
         maximum: Largest accepted value.
         strict: ``minimum`` itself is refused (``> minimum``).
-        choices: The only accepted values.
+        strict_maximum: ``maximum`` itself is refused (``< maximum``).
+        finite: A float must be finite; False accepts ``inf`` (``.inf`` in YAML).
+        choices: The only accepted values (compared with their type: ``1`` is not ``true``).
         length: Required number of entries of a tuple.
+        key: Where the value sits in the section, when not at the field's name
+            (``checkpoint.every`` for ``TrainSettings.checkpoint_every``).
         doc: One line for the docs and ``--help``.
     """
     if isinstance(default, list):
         default = tuple(default)
-    meta = {"minimum": minimum, "maximum": maximum, "strict": strict, "choices": choices, "length": length, "doc": doc}
+    meta = {
+        "minimum": minimum,
+        "maximum": maximum,
+        "strict": strict,
+        "strict_maximum": strict_maximum,
+        "finite": finite,
+        "choices": choices,
+        "length": length,
+        "key": key,
+        "doc": doc,
+    }
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -72,11 +92,19 @@ def _number_text(value: float) -> str:
     return f"{value:g}"
 
 
+def _choice_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
 def _check_value(name: str, value: Any, kind: type, meta: Mapping[str, Any]) -> Any:
     lo, hi, strict, choices = meta.get("minimum"), meta.get("maximum"), meta.get("strict"), meta.get("choices")
+    strict_hi = meta.get("strict_maximum", False)
     if choices is not None:
-        if value not in choices:
-            raise SchemaError(f"{name}: '{value}' is not accepted; accepted: {', '.join(map(str, choices))}")
+        if not any(value == c and type(value) is type(c) for c in choices):
+            accepted = ", ".join(map(_choice_text, choices))
+            raise SchemaError(f"{name}: '{_choice_text(value)}' is not accepted; accepted: {accepted}")
         return value
     if kind is bool:
         if not isinstance(value, bool):
@@ -95,65 +123,98 @@ def _check_value(name: str, value: Any, kind: type, meta: Mapping[str, Any]) -> 
     if kind in (int, float):
         is_int = isinstance(value, int) and not isinstance(value, bool)
         is_number = is_int or isinstance(value, float)
-        what = "an integer" if kind is int else "a finite number"
-        if not (is_int if kind is int else is_number and math.isfinite(value)):
-            bound = _bound_text(lo, hi, strict)
+        finite = meta.get("finite", True)
+        what = "an integer" if kind is int else ("a finite number" if finite else "a number")
+        bound = _bound_text(lo, hi, strict, strict_hi)
+        if not (is_int if kind is int else is_number and (math.isfinite(value) or not finite)):
             raise SchemaError(f"{name}: must be {what}{bound}, got {value!r}")
-        below = lo is not None and (value <= lo if strict else value < lo)
-        above = hi is not None and value > hi
+        below = lo is not None and not (value > lo if strict else value >= lo)  # nan is below
+        above = hi is not None and (value >= hi if strict_hi else value > hi)
         if below or above:
-            raise SchemaError(f"{name}: must be {what}{_bound_text(lo, hi, strict)}, got {value!r}")
+            raise SchemaError(f"{name}: must be {what}{bound}, got {value!r}")
         return int(value) if kind is int else float(value)
     return value
 
 
-def _bound_text(lo: float | None, hi: float | None, strict: bool) -> str:
+def _bound_text(lo: float | None, hi: float | None, strict: bool, strict_hi: bool = False) -> str:
     parts = []
     if lo is not None:
         parts.append(f"{'>' if strict else '>='} {_number_text(lo)}")
     if hi is not None:
-        parts.append(f"<= {_number_text(hi)}")
+        parts.append(f"{'<' if strict_hi else '<='} {_number_text(hi)}")
     return (" " + " and ".join(parts)) if parts else ""
 
 
-def build(schema: type, values: Mapping[str, Any], *, prefix: str) -> Any:
+def _lookup(values: Mapping[str, Any], key: str) -> tuple[bool, Any]:
+    """(found, value) of a dotted ``key`` in nested ``values``."""
+    node: Any = values
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def build(schema: type, values: Mapping[str, Any], *, prefix: str, ignore: Sequence[str] = ()) -> Any:
     """Check ``values`` against the dataclass ``schema`` and return the instance.
 
     Args:
         schema: A dataclass whose fields were declared with :func:`field` (or plain defaults).
-        values: The section's values; missing fields take their defaults.
-        prefix: The section's name in messages (``env``).
+        values: The section's values; missing fields take their defaults. A field declared
+            with ``key="a.b"`` is read from ``values["a"]["b"]``.
+        prefix: The section's name in messages (``env``; empty for the top level).
+        ignore: Keys of ``values`` that belong to other schemas (the config groups, at the top level).
 
     Raises:
         SchemaError: One line naming ``<prefix>.<field>`` and what is accepted, for an
             unknown field, a missing required one, a wrong type or a value out of range.
     """
     fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
-    unknown = sorted(set(values) - set(fields))
+    keys = {name: f.metadata.get("key") or name for name, f in fields.items()}
+    lead = f"{prefix}." if prefix else ""
+    known = {key.split(".")[0] for key in keys.values()} | set(ignore)
+    unknown = sorted(set(values) - known)
     if unknown:
-        raise SchemaError(f"{prefix}: unknown field '{unknown[0]}'; accepted: {', '.join(fields)}")
+        accepted = ", ".join(dict.fromkeys(key.split(".")[0] for key in keys.values()))
+        raise SchemaError(f"{prefix or 'config'}: unknown field '{unknown[0]}'; accepted: {accepted}")
+    for key in {k for k in keys.values() if "." in k}:
+        parent = key.rsplit(".", 1)[0]
+        found, node = _lookup(values, parent)
+        if found and isinstance(node, Mapping):
+            siblings = {k.rsplit(".", 1)[1] for k in keys.values() if k.rsplit(".", 1)[0] == parent}
+            extra = sorted(set(node) - siblings)
+            if extra:
+                raise SchemaError(
+                    f"{lead}{parent}: unknown field '{extra[0]}'; accepted: {', '.join(sorted(siblings))}"
+                )
     hints = typing.get_type_hints(schema)
     checked = {}
     for name, f in fields.items():
-        if name not in values:
+        found, value = _lookup(values, keys[name])
+        label = f"{lead}{keys[name]}"
+        if not found:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise SchemaError(f"{prefix}.{name}: is required")
+                raise SchemaError(f"{label}: is required")
             continue
-        value = values[name]
         kind, optional = _kind(hints[name])
         if value is None:
             if not optional:
-                raise SchemaError(f"{prefix}.{name}: must not be null")
+                raise SchemaError(f"{label}: must not be null")
             checked[name] = None
             continue
-        checked[name] = _check_value(f"{prefix}.{name}", value, kind, f.metadata)
+        checked[name] = _check_value(label, value, kind, f.metadata)
     instance = schema(**checked)
-    check = getattr(instance, "check", None)
-    if check is not None:
+    method = getattr(instance, "check", None)
+    if method is not None:
         try:
-            check()
+            method()
         except SchemaError:
             raise
         except ValueError as exc:
-            raise SchemaError(f"{prefix}.{exc}") from None
+            raise SchemaError(f"{lead}{exc}") from None
     return instance
+
+
+def check(schema: type, prefix: str, **values: Any) -> Any:
+    """:func:`build` for a factory's keyword arguments: ``check(AdamArgs, "optim", lr=lr, ...)``."""
+    return build(schema, values, prefix=prefix)

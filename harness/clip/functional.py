@@ -11,9 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 import warp as wp
 
+from harness import schema
 from harness.chunks import ChunkTable
 from harness.clip.kernels import MODE_GLOBAL, launch_clamp, launch_scale_groups
-from harness.clip.policies import check_limit
+from harness.clip.policies import NormArgs, ValueArgs
 from harness.stats import GroupNorms, norm_kind, scalar_type_of
 
 
@@ -129,8 +130,8 @@ def clip_grad_norm_(
             or non-contiguous arrays.
         RuntimeError: If ``error_if_nonfinite`` and the total is nan or inf.
     """
-    max_norm = check_limit("max_norm", max_norm)
-    norm_kind(norm_type)
+    norm_kind(norm_type)  # accepts "inf" as torch does, with torch's message
+    max_norm = schema.check(NormArgs, "", max_norm=max_norm, norm_type=float(norm_type)).max_norm
     grads = list(grads)
     if not grads:
         return wp.zeros(1, dtype=wp.float32, device=device)
@@ -174,7 +175,7 @@ def clip_grad_value_(grads: Sequence[wp.array], clip_value: float) -> None:
     Raises:
         ValueError: For a negative or nan ``clip_value``, mixed devices or non-contiguous arrays.
     """
-    clip_value = check_limit("clip_value", clip_value)
+    clip_value = schema.check(ValueArgs, "", clip_value=clip_value).clip_value
     grads = list(grads)
     if not grads:
         return

@@ -172,12 +172,7 @@ class SkipGuard:
         arrays = [params.data, *(v for v in opt_state.values() if isinstance(v, wp.array))]
         if any(array.device != params.device for array in arrays):
             raise ValueError("SkipGuard: arrays must be on the parameters' device")
-        try:
-            self.table = ChunkTable.for_words(arrays, device=params.device)
-        except ValueError:
-            raise ValueError(
-                "SkipGuard: arrays must be contiguous, 32-bit aligned and on the parameters' device"
-            ) from None
+        self.table = ChunkTable.for_words(arrays, device=params.device)
         self.skip = skip
         self._saved = wp.zeros(max(self.table.scalar_count, 1), dtype=wp.uint32, device=params.device)
         self._arrays = arrays  # keep the covered buffers alive

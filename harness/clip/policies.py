@@ -22,6 +22,7 @@ from typing import Any
 
 import warp as wp
 
+from harness import schema
 from harness.chunks import ChunkTable
 from harness.clip.kernels import (
     MODE_AGC,
@@ -35,7 +36,8 @@ from harness.clip.kernels import (
     zclip_kernel,
 )
 from harness.params import ParamSet
-from harness.stats import FlatStats, GroupNorms, norm_kind
+from harness.schema import field
+from harness.stats import FlatStats, GroupNorms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,19 +120,61 @@ def _scratch(cache: weakref.WeakKeyDictionary, params: ParamSet, build: Callable
     return cache[params]
 
 
-def _policy_norm_type(norm_type: float | str) -> float:
-    """The p of a policy's ``clip.norm_type``, with errors naming the config field."""
-    try:
-        return norm_kind(norm_type)[1]
-    except ValueError as exc:
-        raise ValueError(f"clip.{exc}") from None
+# The arguments of each policy, as schemas (types and ranges, checked by harness.schema
+# whether Hydra or Python calls the factory; the factory's signature holds the defaults).
 
 
-def check_limit(field: str, value: float, *, positive: bool = False) -> float:
-    value = float(value)
-    if not (value > 0.0 if positive else value >= 0.0):
-        raise ValueError(f"clip.{field} must be {'> 0' if positive else '>= 0'}, got {value}")
-    return value
+def _limit(**kwargs: Any) -> Any:
+    """A norm or value limit: a number >= 0, ``inf`` accepted (no clipping)."""
+    return field(minimum=0.0, finite=False, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ValueArgs:
+    """:func:`clip_by_value`'s arguments."""
+
+    clip_value: float = _limit()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NormArgs:
+    """:func:`clip_by_global_norm`'s and :func:`clip_by_norm_per_param`'s arguments."""
+
+    max_norm: float = _limit()
+    norm_type: float = field(minimum=0.0, strict=True, finite=False, doc="p > 0, or inf")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AGCArgs:
+    """:func:`adaptive_grad_clip`'s arguments."""
+
+    clipping: float = field(minimum=0.0, strict=True)
+    eps: float = field(minimum=0.0, strict=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AutoClipArgs:
+    """:func:`autoclip`'s arguments."""
+
+    percentile: float = field(minimum=0.0, maximum=100.0)
+    history: int = field(minimum=1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ZClipArgs:
+    """:func:`zclip`'s arguments."""
+
+    alpha: float = field(minimum=0.0, strict=True, maximum=1.0, strict_maximum=True)
+    z_thresh: float = field(minimum=0.0, strict=True)
+    eps: float = field(minimum=0.0)
+    warmup: int = field(minimum=1)
+    max_norm: float | None = _limit()
+
+
+def _norm_args(max_norm: float, norm_type: float | str) -> NormArgs:
+    return schema.check(
+        NormArgs, "clip", max_norm=max_norm, norm_type=float(norm_type) if norm_type == "inf" else norm_type
+    )
 
 
 def _build_policy(name: str, rules: Sequence[ClipRule]) -> ClipPolicy:
@@ -247,7 +291,7 @@ def clip_by_value(clip_value: float) -> ClipPolicy:
     Raises:
         ValueError: If ``clip_value`` is negative or nan.
     """
-    clip_value = check_limit("clip_value", clip_value)
+    clip_value = schema.check(ValueArgs, "clip", clip_value=clip_value).clip_value
 
     def apply(params: ParamSet, state: dict[str, wp.array], stats: FlatStats, skip: wp.array) -> None:
         del stats, skip
@@ -287,8 +331,8 @@ def clip_by_global_norm(
     Raises:
         ValueError: If ``max_norm`` is negative or nan, or ``norm_type`` is not ``> 0``.
     """
-    max_norm = check_limit("max_norm", max_norm)
-    p = _policy_norm_type(norm_type)
+    args = _norm_args(max_norm, norm_type)
+    max_norm, p = args.max_norm, args.norm_type
     norms_cache: weakref.WeakKeyDictionary = _ScratchCache()
 
     def apply(params: ParamSet, state: dict[str, wp.array], stats: FlatStats, skip: wp.array) -> None:
@@ -326,8 +370,8 @@ def clip_by_norm_per_param(
     Raises:
         ValueError: If ``max_norm`` is negative or nan, or ``norm_type`` is not ``> 0``.
     """
-    max_norm = check_limit("max_norm", max_norm)
-    p = _policy_norm_type(norm_type)
+    args = _norm_args(max_norm, norm_type)
+    max_norm, p = args.max_norm, args.norm_type
     norms_cache: weakref.WeakKeyDictionary = _ScratchCache()
 
     def init(params: ParamSet) -> dict[str, wp.array]:
@@ -405,8 +449,8 @@ def adaptive_grad_clip(
     Raises:
         ValueError: If ``clipping`` or ``eps`` is not ``> 0``.
     """
-    clipping = check_limit("clipping", clipping, positive=True)
-    eps = check_limit("eps", eps, positive=True)
+    args = schema.check(AGCArgs, "clip", clipping=clipping, eps=eps)
+    clipping, eps = args.clipping, args.eps
     cache: weakref.WeakKeyDictionary = _ScratchCache()
 
     def build(params: ParamSet) -> tuple[GroupNorms, GroupNorms, wp.array]:
@@ -466,12 +510,8 @@ def autoclip(
     Raises:
         ValueError: If ``percentile`` is outside ``[0, 100]`` or ``history < 1``.
     """
-    percentile = float(percentile)
-    if not 0.0 <= percentile <= 100.0:
-        raise ValueError(f"clip.percentile must be in [0, 100], got {percentile}")
-    if isinstance(history, bool) or int(history) != history or history < 1:
-        raise ValueError(f"clip.history must be an integer >= 1, got {history!r}")
-    capacity = int(history)
+    args = schema.check(AutoClipArgs, "clip", percentile=percentile, history=history)
+    percentile, capacity = args.percentile, args.history
 
     def init(params: ParamSet) -> dict[str, wp.array]:
         dev = params.device
@@ -545,15 +585,9 @@ def zclip(
     Raises:
         ValueError: If an argument is out of range.
     """
-    alpha = float(alpha)
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"clip.alpha must be in (0, 1), got {alpha}")
-    z_thresh = check_limit("z_thresh", z_thresh, positive=True)
-    eps = check_limit("eps", eps)
-    if isinstance(warmup, bool) or int(warmup) != warmup or warmup < 1:
-        raise ValueError(f"clip.warmup must be an integer >= 1, got {warmup!r}")
-    warmup = int(warmup)
-    cap = math.inf if max_norm is None else check_limit("max_norm", max_norm)
+    args = schema.check(ZClipArgs, "clip", alpha=alpha, z_thresh=z_thresh, eps=eps, warmup=warmup, max_norm=max_norm)
+    alpha, z_thresh, eps, warmup = args.alpha, args.z_thresh, args.eps, args.warmup
+    cap = math.inf if args.max_norm is None else args.max_norm
 
     def init(params: ParamSet) -> dict[str, wp.array]:
         dev = params.device

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 
@@ -29,8 +30,17 @@ class OpenLoop(Task):
 
     name = "open_loop"
 
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Args:
+        """The task's fields (``configs/task/open_loop.yaml``), checked by :mod:`harness.schema`."""
+
+        init: float = schema.field()
+        lower: float = schema.field(finite=False)
+        upper: float = schema.field(finite=False)
+
     def __init__(self, *, init: float = 0.0, lower: float = -math.inf, upper: float = math.inf):
-        self.init, self.lower, self.upper = _bounds_checked(float(init), float(lower), float(upper))
+        args = schema.check(self.Args, "task", init=init, lower=lower, upper=upper)
+        self.init, self.lower, self.upper = _bounds_checked(args.init, args.lower, args.upper)
         self._views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def check(self, config: EnvConfig) -> None:

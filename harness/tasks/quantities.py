@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +35,14 @@ class TrainQuantities(Task):
 
     name = "physical"
 
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Args:
+        """The task's bounds and kind, checked by :mod:`harness.schema`."""
+
+        kind: str = schema.field(choices=("physical", "initial"))
+        lower: float | None = schema.field(finite=False)
+        upper: float | None = schema.field(finite=False)
+
     def __init__(
         self,
         *,
@@ -42,12 +51,11 @@ class TrainQuantities(Task):
         upper: float | None = None,
         kind: str = "physical",
     ):
-        if kind not in ("physical", "initial"):
-            raise schema.SchemaError(f"task.kind: '{kind}' is not accepted; accepted: physical, initial")
-        self.name = self.kind = kind
+        args = schema.check(self.Args, "task", kind=kind, lower=lower, upper=upper)
+        self.name = self.kind = args.kind
         self.quantities = None if quantities is None else [str(q) for q in quantities]
-        self.lower = -math.inf if lower is None else float(lower)
-        self.upper = math.inf if upper is None else float(upper)
+        self.lower = -math.inf if args.lower is None else args.lower
+        self.upper = math.inf if args.upper is None else args.upper
         if not self.lower <= self.upper:
             raise schema.SchemaError(f"task.lower: {self.lower:g} is above task.upper {self.upper:g}")
 

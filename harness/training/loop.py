@@ -28,14 +28,17 @@ from typing import Any
 
 import numpy as np
 
-from harness.training.step import FIXED_COLUMNS, TrainStep
+from harness.schema import field
+from harness.training.step import CAPTURE_MODES, FIXED_COLUMNS, TrainStep
 
 __all__ = ["Callback", "Loop", "Tally", "TrainSettings", "TrainingInterrupted", "write_json"]
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
-    """Loop settings (``configs/train.yaml`` top level).
+    """Loop settings: the schema of the top level of ``configs/train.yaml``, built from the
+    composed config by :func:`harness.schema.build` (types and ranges from these fields;
+    ``checkpoint_every`` reads ``checkpoint.every``).
 
     Attributes:
         iterations: Optimisation steps.
@@ -55,15 +58,19 @@ class TrainSettings:
             iterations and at the end; 0: the first log step and the end only; None: never.
     """
 
-    iterations: int = 100
-    log_every: int = 10
-    seed: int = 0
-    device: str | None = None
-    checkpoint_every: int = 0
-    checkpoint_keep: int = 3
-    resume: str | None = None
-    capture: bool | str = "auto"
-    plot_every: int | None = 50
+    iterations: int = field(100, minimum=1)
+    log_every: int = field(10, minimum=1)
+    seed: int = field(0, minimum=0)
+    device: str | None = field(None)
+    checkpoint_every: int = field(0, minimum=0, key="checkpoint.every")
+    checkpoint_keep: int = field(3, minimum=1, key="checkpoint.keep")
+    resume: str | None = field(None)
+    capture: bool | str = field("auto", choices=CAPTURE_MODES)
+    plot_every: int | None = field(50, minimum=0)
+
+    def check(self) -> None:
+        if self.resume == "":
+            raise ValueError("resume: expected null, auto, or a checkpoint file or run folder path, got ''")
 
 
 class TrainingInterrupted(RuntimeError):
