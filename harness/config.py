@@ -98,6 +98,7 @@ class Run:
     task: Any = None
     segment_steps: int | None = None  # memory.segment_steps resolved for the env (the env is built with it)
     adjoint: Any = None  # clip.adjoint: harness.adjoint.AdjointSettings
+    nonfinite: str = "skip"  # clip.nonfinite: the wrapper around the trainer's update
 
     def trainer(self, settings: Any = None) -> Any:
         """The :class:`~harness.training.Trainer` of this run (optionally with other loop settings)."""
@@ -112,6 +113,7 @@ class Run:
             schedule=self.schedule,
             task=self.task,
             adjoint=self.adjoint,
+            nonfinite=self.nonfinite,
         )
 
 
@@ -142,24 +144,27 @@ CLIP_SETTINGS = ("nonfinite", "adjoint")
 (``configs/base/clip.yaml``): the non-finite wrapper and clipping inside backward."""
 
 
-def build_clip(cfg: DictConfig) -> tuple[Any, Any]:
-    """The ``clip`` section as a policy in its non-finite wrapper, and the adjoint settings.
+def build_clip(cfg: DictConfig) -> tuple[Any, str, Any]:
+    """The ``clip`` section as the policy, the non-finite mode and the adjoint settings.
 
-    ``_target_`` and its arguments build the bare policy; ``clip.nonfinite`` picks the
-    wrapper (:func:`harness.clip.with_nonfinite`), ``clip.adjoint`` the
-    :class:`~harness.adjoint.AdjointSettings`.
+    ``_target_`` and its arguments build the policy; ``clip.nonfinite`` picks the wrapper
+    around the trainer's whole update (:func:`harness.training.step.training_update`),
+    ``clip.adjoint`` the :class:`~harness.adjoint.AdjointSettings`.
 
     Raises:
         ConfigError: One line naming the field and what is accepted.
     """
     from harness.adjoint import AdjointSettings
-    from harness.clip import with_nonfinite
+    from harness.clip import NONFINITE_MODES
 
     section = OmegaConf.to_container(cfg.clip, resolve=True)
     settings = {key: section.pop(key) for key in CLIP_SETTINGS if key in section}
     policy = _instantiate({"clip": section}, "clip")
+    nonfinite = settings.get("nonfinite", "skip")
+    if nonfinite not in NONFINITE_MODES:
+        raise ConfigError(f"clip.nonfinite must be one of {', '.join(NONFINITE_MODES)}, got {nonfinite!r}")
     try:
-        return with_nonfinite(policy, settings.get("nonfinite", "skip")), AdjointSettings.parse(settings.get("adjoint"))
+        return policy, nonfinite, AdjointSettings.parse(settings.get("adjoint"))
     except ValueError as exc:
         raise ConfigError(_first_line(exc)) from None
 
@@ -261,13 +266,14 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
         raise ConfigError(
             f"capture: env '{env_class.name}' cannot be captured ({note}); accepted: capture=auto or false"
         )
-    clip, adjoint = build_clip(cfg)
+    clip, nonfinite, adjoint = build_clip(cfg)
     return Run(
         env=None,
         loss=loss,
         optimizer=_instantiate(cfg, "optim"),
         clip=clip,
         adjoint=adjoint,
+        nonfinite=nonfinite,
         schedule=_instantiate(cfg, "schedule") if cfg.get("schedule") is not None else None,
         settings=settings,
         task=task,

@@ -40,6 +40,7 @@ import warp as wp
 from harness import schema
 from harness.params import ParamSet, flat_view
 from harness.schema import field
+from harness.transform import Shared
 
 __all__ = [
     "OPTIMIZERS",
@@ -147,12 +148,15 @@ class Optimizer:
         """The initial learning rate, i.e. the value ``init`` writes into ``state["lr"]``."""
         return float(self.hyperparameters["lr"])
 
-    def init(self, params: Params) -> State:
-        """Allocate the state on the parameters' device.
+    def init(self, params: Params, shared: Shared | None = None) -> State:
+        """Allocate the state on the parameters' device (a transformation's init,
+        :mod:`harness.transform`: ``lr`` and ``step`` are published in ``shared``, where a
+        schedule reads and writes them).
 
         Args:
             params: A ``ParamSet`` or a list of contiguous arrays of float32 or float32
                 vectors/matrices (``wp.vec3``, ...).
+            shared: Where to publish ``lr`` and ``step`` (inside a chain).
 
         Returns:
             The state: always ``"step"`` (int32 ``(1,)``, steps taken) and ``"lr"`` (float32
@@ -173,7 +177,15 @@ class Optimizer:
                 for alias, offset in flat:
                     wp.copy(buffer, alias, dest_offset=offset, count=alias.shape[0])
             state[key] = buffer
+        if shared is not None:
+            shared.publish("lr", state["lr"])
+            shared.publish("step", state["step"])
         return state
+
+    def update(self, params: ParamSet, state: State, shared: Shared) -> None:
+        """One step from ``params.grad`` (the transformation's update; :meth:`step` for lists of arrays)."""
+        del shared
+        self.step(params, params.grad, state)
 
     def step(self, params: Params, grads: wp.array | Sequence[wp.array] | None, state: State) -> State:
         """Apply one update to ``params`` in place from ``grads``, which are never written.

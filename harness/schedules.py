@@ -5,12 +5,14 @@ This module owns the ``schedule`` config group (``configs/schedule/``): :func:`c
 clip-aware rule that lowers the rate when too many recent steps were clipped. A
 :class:`Schedule` multiplies the optimizer's initial rate by a factor of the device step
 counter: ``state["lr"] = base_lr * factor(k) * scale``, with ``k`` the number of steps
-taken (``opt_state["step"]``) and ``scale`` the clip-aware multiplier (1 unless it fired).
+taken (the optimizer's device counter ``step``) and ``scale`` the clip-aware multiplier (1 unless it fired).
 
-One :meth:`Schedule.update` is one single-thread launch that reads the counter (and the
-clip policy's ``clipped`` flag) on the device and writes ``opt_state["lr"]``: no host
-round trip, fixed arguments, so it is captured in the same CUDA graph as the step. Call it
-after clipping and before ``optimizer.step``, once per iteration; step ``k + 1`` then runs
+A schedule is a transformation (:mod:`harness.transform`): ``init(params, shared)`` reads
+the optimizer's rate ``shared["lr"]``; one :meth:`Schedule.update` is one single-thread
+launch that reads the optimizer's step counter ``shared["step"]`` (and the clip policy's
+``clipped`` flag) on the device and writes ``shared["lr"]``: no host round trip, fixed
+arguments, so it is captured in the same graph as the step. In the trainer's chain it runs
+after the clip policy and before the optimizer, once per iteration; step ``k + 1`` then runs
 at ``base_lr * factor(k)``, the rate ``torch.optim.lr_scheduler`` gives the ``k``-th step
 when ``scheduler.step()`` follows ``optimizer.step()``.
 
@@ -40,6 +42,7 @@ import warp as wp
 
 from harness import schema
 from harness.schema import field
+from harness.transform import Shared
 
 __all__ = ["SCHEDULES", "Schedule", "constant", "cosine_decay", "linear_warmup", "step_decay"]
 
@@ -131,11 +134,14 @@ class Schedule:
     def clip_aware(self) -> bool:
         return bool(self.hyperparameters["clip_aware"])
 
-    def init(self, opt_state: State) -> State:
-        """Allocate the schedule state; the base rate is the optimizer's current ``opt_state["lr"]``.
+    def init(self, params: Any, shared: Shared) -> State:
+        """Allocate the schedule state (a transformation, :mod:`harness.transform`); the base
+        rate is the optimizer's current rate, ``shared["lr"]`` (the optimizer publishes it).
 
         Args:
-            opt_state: The optimizer state (from ``Optimizer.init``), before any step.
+            params: The parameters (unused: the schedule only reads device scalars).
+            shared: Holds ``lr`` (float32 ``(1,)``) and ``step`` (int32 ``(1,)``) of the optimizer,
+                and, for the clip-aware rule, ``clipped`` (the clip policy's flag).
 
         Returns:
             ``"base_lr"`` (float32 ``(1,)``), ``"scale"`` (float32 ``(1,)``, the clip-aware
@@ -144,7 +150,8 @@ class Schedule:
             ``"last_reduction_step"``, ``-1`` before any; ``"last_reduction_clipped"``), all
             int32 ``(1,)`` unless stated.
         """
-        lr = opt_state["lr"]
+        del params
+        lr = shared["lr"]
         device = lr.device
         state = {"base_lr": wp.clone(lr), "scale": wp.ones(1, dtype=wp.float32, device=device)}
         state["window"] = wp.zeros(self.hyperparameters["clip_window"], dtype=wp.int32, device=device)
@@ -153,24 +160,26 @@ class Schedule:
         state["last_reduction_step"] = wp.full(1, -1, dtype=wp.int32, device=device)
         return state
 
-    def update(self, opt_state: State, state: State, clipped: wp.array | None = None) -> None:
-        """Write ``opt_state["lr"]`` for the coming step (one single-thread launch).
+    def update(self, params: Any, state: State, shared: Shared) -> None:
+        """Write ``shared["lr"]`` for the coming step (one single-thread launch): call it after
+        the clip policy and before the optimizer, once per iteration (the trainer's chain).
 
         Args:
-            opt_state: The optimizer state; ``"step"`` is read, ``"lr"`` written.
+            params: The parameters (unused).
             state: This schedule's state, updated in place.
-            clipped: The clip policy's ``clipped`` flag (int32 ``(1,)``, 1 when this
-                iteration's gradient was clipped); required when the clip-aware rule is on,
-                ignored otherwise.
+            shared: ``step`` is read, ``lr`` written; ``clipped`` is read by the clip-aware rule.
 
         Raises:
-            ValueError: If the clip-aware rule is on and ``clipped`` is None.
+            ValueError: If the clip-aware rule is on and no member publishes ``clipped``.
         """
+        del params
+        clipped = shared.get("clipped")
         if clipped is None:
             if self.clip_aware:
                 raise ValueError("schedule: the clip-aware rule needs the clip state's 'clipped' flag")
             clipped = state["window_seen"]  # never read with the rule off
         hp = self.hyperparameters
+        step = shared["step"]
         wp.launch(
             _schedule_kernel,
             dim=1,
@@ -186,12 +195,12 @@ class Schedule:
                 wp.float64(hp["clip_fraction"]),
                 wp.float32(hp["clip_factor"]),
                 wp.float32(hp["clip_min_scale"]),
-                opt_state["step"],
+                step,
                 clipped,
                 *(state[key] for key in _STATE_ORDER),
-                opt_state["lr"],
+                shared["lr"],
             ],
-            device=opt_state["step"].device,
+            device=step.device,
         )
 
     def scalars(self, state: State) -> dict[str, wp.array]:

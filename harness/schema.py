@@ -103,8 +103,9 @@ def _check_value(name: str, value: Any, kind: type, meta: Mapping[str, Any]) -> 
     strict_hi = meta.get("strict_maximum", False)
     if choices is not None:
         if not any(value == c and type(value) is type(c) for c in choices):
-            accepted = ", ".join(map(_choice_text, choices))
-            raise SchemaError(f"{name}: '{_choice_text(value)}' is not accepted; accepted: {accepted}")
+            names = [_choice_text(c) for c in choices]
+            accepted = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+            raise SchemaError(f"{name}: expected {accepted}, got {value!r}")
         return value
     if kind is bool:
         if not isinstance(value, bool):

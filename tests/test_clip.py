@@ -25,8 +25,10 @@ from harness.clip import (
     zclip,
     zero_nonfinite,
 )
+from harness.clip.nonfinite import OWN
 from harness.params import ParamSet, ParamSpec
 from harness.stats import FlatStats
+from harness.transform import Shared
 from tests.helpers import compose_run, make_trainer
 
 
@@ -49,7 +51,7 @@ def clip(params: ParamSet, policy, grad: np.ndarray) -> tuple[np.ndarray, dict]:
     state = policy.init(params)
     stats = FlatStats(params)
     stats.compute(params.grad)
-    policy.update(params, state, stats)
+    policy.update(params, state, Shared(stats))
     return params.grad.numpy(), state
 
 
@@ -126,9 +128,10 @@ def test_no_clip_leaves_gradients_untouched():
     assert state["clipped"].numpy()[0] == 0
 
 
-@pytest.mark.parametrize(("wrap", "launches"), [(lambda p: p, 1), (skip_if_nonfinite, 2)], ids=["bare", "skip"])
+@pytest.mark.parametrize(("wrap", "launches"), [(lambda p: p, 1), (skip_if_nonfinite, 4)], ids=["bare", "skip"])
 def test_global_norm_update_is_one_launch_without_host_round_trip(monkeypatch, wrap, launches):
-    """One scale over the flat gradient, plus the non-finite stage when wrapped; nothing read back."""
+    """One scale over the flat gradient; wrapped in skip_if_nonfinite, plus the non-finite
+    stage and the guard's save and restore; nothing read back."""
     expected = launches
     params = make_params()
     policy = wrap(clip_by_global_norm(max_norm=1.0))
@@ -144,7 +147,7 @@ def test_global_norm_update_is_one_launch_without_host_round_trip(monkeypatch, w
     monkeypatch.setattr(wp, "launch", lambda *a, **k: (launches.append(1), real_launch(*a, **k)))
     monkeypatch.setattr(wp.array, "numpy", forbidden)
     monkeypatch.setattr(wp, "synchronize", forbidden)
-    policy.update(params, state, stats)
+    policy.update(params, state, Shared(stats))
     assert len(launches) == expected
 
 
@@ -204,13 +207,13 @@ def test_every_policy_is_a_fixed_number_of_launches_without_host_round_trip(monk
         state = policy.init(params)
         stats = FlatStats(params)
         stats.compute(params.grad)
-        policy.update(params, state, stats)  # builds the per-ParamSet tables (host work, once)
+        policy.update(params, state, Shared(stats))  # builds the per-ParamSet tables (host work, once)
         with monkeypatch.context() as m:
             m.setattr(wp, "launch", lambda *a, **k: (launches.append(1), real_launch(*a, **k)))
             m.setattr(wp.array, "numpy", forbidden)
             m.setattr(wp, "synchronize", forbidden)
             launches.clear()
-            policy.update(params, state, stats)
+            policy.update(params, state, Shared(stats))
         counts.append(len(launches))
     assert counts[0] == counts[1] <= 12
 
@@ -300,7 +303,7 @@ def run_scripted_norms(policy, norms: list[float]) -> tuple[list[float], list[fl
         params.grad.assign((direction * n).astype(np.float32))
         stats.compute(params.grad)
         pre = float(stats.norm.numpy()[0])
-        policy.update(params, state, stats)
+        policy.update(params, state, Shared(stats))
         post.append(float(np.linalg.norm(params.grad.numpy().astype(np.float64))))
         thresholds.append(float(state["threshold"].numpy()[0]))
         assert pre == pytest.approx(n, rel=1e-5)
@@ -366,7 +369,7 @@ def test_zclip_ema_is_fed_the_clipped_value_not_the_spike():
     for n in norms:
         params.grad.assign((direction * n).astype(np.float32))
         stats.compute(params.grad)
-        policy.update(params, state, stats)
+        policy.update(params, state, Shared(stats))
     mean0, std0 = 1.0, np.sqrt(np.mean((np.array(norms[:4]) - 1.0) ** 2))
     z = (100.0 - mean0) / (std0 + 1e-6)
     clipped = mean0 + 2.5**2 * std0 / z
@@ -405,7 +408,7 @@ def test_zero_policy_replaces_nan_and_inf_by_zero_then_clips_the_rest():
     cleaned = np.where(np.isfinite(grad), grad, 0.0).astype(np.float32)
     want, _ = torch_clip_reference(cleaned, 1.0)
     np.testing.assert_allclose(got, want, rtol=2e-6)
-    assert state["skip"].numpy()[0] == 0
+    assert state["nonfinite/skip"].numpy()[0] == 0
 
 
 def test_error_policy_names_the_iteration_and_the_parameter():
@@ -416,8 +419,8 @@ def test_error_policy_names_the_iteration_and_the_parameter():
     for it in range(3):
         params.grad.assign(nan_grad(params) if it == 1 else random_grad(params.size, 1.0))
         stats.compute(params.grad)
-        policy.update(params, state, stats)
-    assert state["skip"].numpy()[0] == 1  # frozen after the bad iteration until the host stops
+        policy.update(params, state, Shared(stats))
+    assert state["nonfinite/skip"].numpy()[0] == 1  # frozen after the bad iteration until the host stops
     with pytest.raises(NonFiniteGradientError, match=r"iteration 1 in parameter 'v'") as info:
         policy.check(params, state)
     assert (info.value.iteration, info.value.parameter) == (1, "v")
@@ -431,7 +434,7 @@ def test_skip_policy_keeps_the_nan_iteration_out_of_autoclip_history():
     for grad in (random_grad(params.size, 1.0), nan_grad(params), random_grad(params.size, 2.0, seed=1)):
         params.grad.assign(grad)
         stats.compute(params.grad)
-        policy.update(params, state, stats)
+        policy.update(params, state, Shared(stats))
     assert state["history_count"].numpy()[0] == 2
     assert np.isfinite(state["threshold"].numpy()[0])
 
@@ -455,7 +458,7 @@ def test_bad_arguments_name_the_field(factory, kwargs, field):
 
 def test_config_wraps_the_bare_policy_and_hands_the_adjoint_settings_to_the_trainer():
     run = config.validate(*compose_run("+env=cartpole", "clip=chain", "clip.nonfinite=zero", "clip.adjoint.max_norm=5"))
-    assert run.clip.nonfinite == "zero" and [r.name for r in run.clip.rules] == ["value", "global_norm"]
+    assert run.nonfinite == "zero" and [r.name for r in run.clip.rules] == ["value", "global_norm"]
     assert run.adjoint == AdjointSettings(max_norm=5.0, profile=False) and run.adjoint.active
     assert config.validate(*compose_run("+env=cartpole")).adjoint == AdjointSettings()
     assert not AdjointSettings().active
@@ -480,10 +483,11 @@ def test_a_policy_is_wrapped_once_and_a_chain_takes_bare_members():
     wrapped = skip_if_nonfinite(clip_by_value(1.0))
     with pytest.raises(ValueError, match="already handles non-finite gradients"):
         zero_nonfinite(wrapped)
-    with pytest.raises(ValueError, match=r"clip.policies.1: 'value' is wrapped .*wrap the chain instead"):
+    with pytest.raises(ValueError, match=r"clip.policies.1: 'value' is not a bare clip policy"):
         chain([no_clip(), wrapped])
     bare = clip_by_value(1.0)
-    assert bare.nonfinite is None and set(bare.init(make_params())) == {"coef", "clipped", "skip"}
+    assert set(bare.init(make_params())) == {"coef", "clipped"}
+    assert set(wrapped.init(make_params())) == {f"nonfinite/{k}" for k in OWN} | {"coef", "clipped"}
 
 
 def test_trainer_timing_breakdown_has_a_separate_entry_for_statistics_and_clipping():

@@ -10,6 +10,7 @@ import warp as wp
 from harness.clip import clip_by_global_norm, clip_grad_norm_, clip_grad_value_
 from harness.params import ParamSet, ParamSpec
 from harness.stats import FlatStats
+from harness.transform import Shared
 
 NORM_TYPES = [1.0, 2.0, float("inf"), 3.0]
 
@@ -213,7 +214,7 @@ def test_global_norm_policy_on_the_flat_buffer_matches_torch(norm_type):
     state = policy.init(params)
     stats = FlatStats(params)
     stats.compute(params.grad)
-    policy.update(params, state, stats)
+    policy.update(params, state, Shared(stats))
     want, want_total = torch_clip(grads, 1.0, norm_type)
     np.testing.assert_allclose(params.grad.numpy(), np.concatenate([w.ravel() for w in want]), rtol=4e-6)
     assert state["coef"].numpy()[0] == pytest.approx(1.0 / (want_total + 1e-6), rel=2e-6)

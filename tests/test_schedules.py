@@ -20,9 +20,19 @@ from harness.optim import build, load_state, save_state
 from harness.params import ParamSet, ParamSpec
 from harness.schedules import SCHEDULES, Schedule, constant, cosine_decay, linear_warmup, step_decay
 from harness.stats import FlatStats
+from harness.transform import Shared
 from tests.test_optim import LaunchRecorder
 
 BASE_LR = 0.5
+
+
+def shared_of(opt_state: dict, clipped=None) -> Shared:
+    """What a schedule reads and writes in the trainer's chain: the optimizer's ``lr`` and
+    ``step`` and, when given, the clip policy's ``clipped`` flag."""
+    arrays = {"lr": opt_state["lr"], "step": opt_state["step"]}
+    if clipped is not None:
+        arrays["clipped"] = clipped
+    return Shared(**arrays)
 
 
 def device_rates(schedule: Schedule, steps: int, clipped_flags: list[int] | None = None) -> list[float]:
@@ -31,13 +41,13 @@ def device_rates(schedule: Schedule, steps: int, clipped_flags: list[int] | None
     grads = [wp.zeros(3, dtype=wp.float32, device="cpu")]
     opt = build("sgd", lr=BASE_LR)
     opt_state = opt.init(params)
-    state = schedule.init(opt_state)
+    state = schedule.init(None, shared_of(opt_state))
     clipped = wp.zeros(1, dtype=wp.int32, device="cpu")
     rates = []
     for k in range(steps):
         if clipped_flags is not None:
             clipped.fill_(clipped_flags[k])
-        schedule.update(opt_state, state, clipped if clipped_flags is not None else None)
+        schedule.update(None, state, shared_of(opt_state, clipped if clipped_flags is not None else None))
         opt.step(params, grads, opt_state)
         rates.append(float(opt_state["lr"].numpy()[0]))
     return rates
@@ -114,11 +124,11 @@ def test_clip_aware_rule_reports_its_firings_for_the_log():
     params = [wp.zeros(2, dtype=wp.float32, device="cpu")]
     opt = build("adam", lr=0.1)
     opt_state = opt.init(params)
-    state = schedule.init(opt_state)
+    state = schedule.init(None, shared_of(opt_state))
     assert schedule.read_reductions(state) == (0, None)
     always = wp.ones(1, dtype=wp.int32, device="cpu")
     for _ in range(7):
-        schedule.update(opt_state, state, always)
+        schedule.update(None, state, shared_of(opt_state, always))
         opt.step(params, [wp.zeros(2, dtype=wp.float32, device="cpu")], opt_state)
     count, message = schedule.read_reductions(state)
     assert count == 2
@@ -138,12 +148,12 @@ def test_clip_aware_rule_follows_the_clip_policys_flag(max_norm, reductions):
     opt = build("sgd", lr=0.1)
     opt_state = opt.init(params)
     schedule = constant(clip_aware=True, clip_window=5, clip_fraction=0.8)
-    state = schedule.init(opt_state)
+    state = schedule.init(None, shared_of(opt_state))
     for _ in range(5):
         params.grad.fill_(1.0)
         stats.compute(params.grad)
-        clip.update(params, clip_state, stats)
-        schedule.update(opt_state, state, clip_state["clipped"])
+        clip.update(params, clip_state, Shared(stats))
+        schedule.update(None, state, shared_of(opt_state, clip_state["clipped"]))
         opt.step(params, params.grad, opt_state)
     assert schedule.read_reductions(state)[0] == reductions
     assert opt_state["lr"].numpy()[0] == pytest.approx(0.1 * 0.5**reductions)
@@ -153,20 +163,20 @@ def test_clip_aware_rule_needs_the_clipped_flag():
     opt_state = build("sgd").init([wp.zeros(2, dtype=wp.float32, device="cpu")])
     schedule = constant(clip_aware=True)
     with pytest.raises(ValueError, match="needs the clip state's 'clipped' flag"):
-        schedule.update(opt_state, schedule.init(opt_state))
+        schedule.update(None, schedule.init(None, shared_of(opt_state)), shared_of(opt_state))
 
 
 def test_update_is_one_single_thread_launch_with_the_same_arguments_every_step(monkeypatch):
     params = [wp.zeros(2, dtype=wp.float32, device="cpu")]
     opt_state = build("sgd").init(params)
     schedule = cosine_decay(10, warmup_steps=2, clip_aware=True)
-    state = schedule.init(opt_state)
+    state = schedule.init(None, shared_of(opt_state))
     clipped = wp.zeros(1, dtype=wp.int32, device="cpu")
     recorder = LaunchRecorder(monkeypatch)
     per_step = []
     for _ in range(3):
         recorder.calls.clear()
-        schedule.update(opt_state, state, clipped)
+        schedule.update(None, state, shared_of(opt_state, clipped))
         per_step.append(list(recorder.calls))
     assert [dim for _, dim, _ in per_step[0]] == [1]
     assert per_step[1] == per_step[0] == per_step[2]
@@ -182,7 +192,7 @@ def test_save_load_continue_with_a_schedule_gives_the_same_rates_as_never_stoppi
         rates = []
         for flag in flags_part:
             clipped.fill_(flag)
-            schedule.update(opt_state, state, clipped)
+            schedule.update(None, state, shared_of(opt_state, clipped))
             opt.step(params, [wp.zeros(3, dtype=wp.float32, device="cpu")], opt_state)
             rates.append(float(opt_state["lr"].numpy()[0]))
         return rates
@@ -190,12 +200,12 @@ def test_save_load_continue_with_a_schedule_gives_the_same_rates_as_never_stoppi
     opt = build("sgd", lr=BASE_LR)
     params = [wp.zeros(3, dtype=wp.float32, device="cpu")]
     opt_state = opt.init(params)
-    state = schedule.init(opt_state)
+    state = schedule.init(None, shared_of(opt_state))
     first = run(opt_state, state, params, flags[:8])
     saved = save_state(opt_state), save_state(state)
 
     fresh_opt_state = opt.init(params)
-    fresh_state = schedule.init(fresh_opt_state)
+    fresh_state = schedule.init(None, shared_of(fresh_opt_state))
     load_state(fresh_opt_state, saved[0])
     load_state(fresh_state, saved[1])
     assert first + run(fresh_opt_state, fresh_state, params, flags[8:]) == straight

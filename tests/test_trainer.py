@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from harness.training import FIXED_COLUMNS
 from harness.training.callbacks import iteration_series
+from harness.transform import Shared
 from tests.helpers import DEVICES, exact_on, make_trainer
 
 
@@ -65,7 +66,7 @@ def test_optimizer_step_does_not_touch_the_gradient_buffer():
     trainer = make_trainer(horizon=20)
     trainer.step.forward_backward()
     trainer.step.stats_pre.compute(trainer.params.grad)
-    trainer.clip.update(trainer.params, trainer.state.clip, trainer.step.stats_pre)
+    trainer.clip.update(trainer.params, trainer.state.clip, Shared(trainer.step.stats_pre))
     clipped = trainer.params.grad.numpy().copy()
     before = trainer.params.data.numpy().copy()
     trainer.optimizer.step(trainer.params, trainer.params.grad, trainer.state.optim)

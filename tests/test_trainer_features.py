@@ -157,7 +157,7 @@ def test_an_iteration_with_a_nan_gradient_leaves_parameters_optimizer_and_schedu
     for _it in (1, 2):
         t.step.run()
         assert int(t.step.stats_pre.nonfinite.numpy()[0]) > 0
-    assert int(t.state.clip["skipped"].numpy()[0]) == 2
+    assert int(t.state.nonfinite["skipped"].numpy()[0]) == 2
     np.testing.assert_array_equal(t.params.data.numpy(), before[0])
     for state, saved in zip(states, before[1:], strict=True):
         for key, value in state.items():

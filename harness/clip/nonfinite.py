@@ -1,25 +1,31 @@
-"""Non-finite gradients: wrappers around any clip policy, the error one raises, and
-:class:`SkipGuard`, which makes an optimizer step a no-op on the device.
+"""Non-finite gradients: wrappers around any transformation, the error one raises, and
+:class:`SkipGuard`, which undoes an update on the device.
 
 The way optax wraps a transformation in ``apply_if_finite`` or ``zero_nans``, a wrapper
-takes any :class:`~harness.clip.ClipPolicy` (a chain included) and returns one that first
-looks at the pre-clip statistics' nan/inf count, then runs the inner rule:
+takes any transformation (:mod:`harness.transform`: a clip policy, or the trainer's whole
+chain of clip, schedule, optimizer and bounds) and returns one that first looks at the
+nan/inf count of ``shared.stats``, then runs the inner one:
 
-* :func:`skip_if_nonfinite`: the iteration makes no update (the device ``skip`` flag is
-  set; :class:`SkipGuard` undoes the optimizer step), counted in ``skipped``;
-* :func:`zero_nonfinite`: nan/inf entries become 0 before the rule, which sees the
+* :func:`skip_if_nonfinite`: an iteration with nan/inf makes no update: :class:`SkipGuard`
+  saves the parameters and every array of the inner state before the inner update and
+  puts them back after it when the device ``skip`` flag is set; counted in ``skipped``;
+* :func:`zero_nonfinite`: nan/inf entries become 0 before the inner update, which sees the
   statistics of the zeroed gradient;
 * :func:`error_if_nonfinite`: as skip, and from the first bad iteration on every update is
-  skipped; the trainer raises :class:`NonFiniteGradientError` naming the iteration and the
-  parameter at the next read-back.
+  skipped; :meth:`NonFinite.check` (the trainer calls it at every read-back) raises
+  :class:`NonFiniteGradientError` naming the iteration and the parameter.
 
-``clip.nonfinite`` (``skip``, ``zero`` or ``error``) picks one in a config
-(:func:`with_nonfinite`); the trainer runs a bare policy under :func:`skip_if_nonfinite`.
+The wrapper's own state is ``nonfinite/skip`` (1 for a skipped iteration), ``nonfinite/skipped``
+(how many), ``nonfinite/iteration`` (updates seen), ``nonfinite/first_iteration`` and
+``nonfinite/first_param`` (the first bad iteration and parameter index, -1 before any), int32
+``(1,)`` each; the inner state keeps its keys. ``clip.nonfinite`` (``skip``, ``zero`` or
+``error``) picks the wrapper of the trainer's update (:func:`with_nonfinite`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,9 +33,9 @@ import warp as wp
 
 from harness.chunks import ChunkTable
 from harness.clip.kernels import guard_copy_kernel, nonfinite_stage_kernel, zero_nonfinite_kernel
-from harness.clip.policies import ClipPolicy, _scratch, _ScratchCache
 from harness.params import ParamSet
 from harness.stats import FlatStats
+from harness.transform import Shared, substate
 
 NONFINITE_MODES = ("skip", "zero", "error")
 """Accepted values of ``clip.nonfinite``, in the order ``nonfinite_stage_kernel`` numbers them."""
@@ -52,55 +58,113 @@ class NonFiniteGradientError(FloatingPointError):
         )
 
 
-def _wrap(inner: ClipPolicy, mode: str) -> ClipPolicy:
-    if inner.nonfinite is not None:
-        raise ValueError(f"clip: '{inner.name}' already handles non-finite gradients ({inner.nonfinite})")
-    code = NONFINITE_MODES.index(mode)
-    stats_cache = _ScratchCache()
+OWN = ("skip", "skipped", "iteration", "first_iteration", "first_param")
+"""The wrapper's own state keys (under ``nonfinite/``)."""
 
-    def init(params: ParamSet) -> dict[str, wp.array]:
-        dev = params.device
-        state = inner.init(params)
-        state["skipped"] = wp.zeros(1, dtype=wp.int32, device=dev)
-        state["iteration"] = wp.zeros(1, dtype=wp.int32, device=dev)
-        state["nonfinite_iteration"] = wp.full(1, -1, dtype=wp.int32, device=dev)
-        state["nonfinite_param"] = wp.full(1, -1, dtype=wp.int32, device=dev)
-        return state
 
-    def update(params: ParamSet, state: dict[str, wp.array], stats: FlatStats) -> None:
+@dataclasses.dataclass(frozen=True)
+class NonFinite:
+    """A transformation run under a non-finite policy (built by the functions below).
+
+    Attributes:
+        inner: The wrapped transformation.
+        mode: ``skip``, ``zero`` or ``error``.
+        name: The inner transformation's name.
+    """
+
+    inner: Any
+    mode: str
+    name: str = ""
+    _cache: weakref.WeakKeyDictionary = dataclasses.field(
+        default_factory=weakref.WeakKeyDictionary, compare=False, repr=False
+    )
+
+    def init(self, params: ParamSet, shared: Shared | None = None) -> dict[str, wp.array]:
+        """The wrapper's counters (``nonfinite/...``) and the inner state; publishes ``skip``."""
+        shared = shared if shared is not None else Shared()
         dev = params.device
+        own = {key: wp.zeros(1, dtype=wp.int32, device=dev) for key in OWN[:3]}
+        own.update({key: wp.full(1, -1, dtype=wp.int32, device=dev) for key in OWN[3:]})
+        shared.publish("skip", own["skip"])
+        inner = self.inner.init(params, shared)
+        if any(key.startswith("nonfinite/") for key in inner):
+            raise ValueError(f"{self.name}: the inner state already has nonfinite/ keys (wrapped twice?)")
+        # Everything the update needs is allocated here, none of it during an update (capture).
+        if self.mode == "zero":
+            self._cache.setdefault(params, {})["stats"] = FlatStats(params)
+        else:
+            self._guard(params, inner, own["skip"])
+        return {**{f"nonfinite/{key}": value for key, value in own.items()}, **inner}
+
+    def _guard(self, params: ParamSet, inner: dict[str, wp.array], skip: wp.array) -> SkipGuard:
+        """The guard over ``params`` and ``inner``, built once per state (keyed by its skip flag)."""
+        guards = self._cache.setdefault(params, {})
+        found = guards.get(skip.ptr)
+        if found is None or found.skip is not skip:
+            found = guards[skip.ptr] = SkipGuard(params, inner, skip)
+        return found
+
+    def update(self, params: ParamSet, state: dict[str, wp.array], shared: Shared) -> None:
+        """The non-finite stage (one launch), then the inner update (under the guard for
+        ``skip`` and ``error``, on the zeroed gradient for ``zero``)."""
+        stats = shared.stats
+        if stats is None:
+            raise ValueError(f"{self.name}: shared.stats (the gradient's statistics) is needed")
+        dev = params.device
+        own = substate(state, "nonfinite")
+        inner = {key: value for key, value in state.items() if not key.startswith("nonfinite/")}
         wp.launch(
             nonfinite_stage_kernel,
             dim=1,
             inputs=[
-                code,
+                NONFINITE_MODES.index(self.mode),
                 params.segment_count,
                 stats.nonfinite,
                 stats.segment_nonfinite,
-                state["skip"],
-                state["skipped"],
-                state["iteration"],
-                state["nonfinite_iteration"],
-                state["nonfinite_param"],
+                own["skip"],
+                own["skipped"],
+                own["iteration"],
+                own["first_iteration"],
+                own["first_param"],
             ],
             device=dev,
         )
-        if mode == "zero":
+        if self.mode == "zero":
             wp.launch(zero_nonfinite_kernel, dim=params.size, inputs=[params.grad], device=dev)
-            stats = _scratch(stats_cache, params, lambda: FlatStats(params))
-            stats.compute(params.grad)
-        inner.update(params, state, stats)
+            cleaned = self._cache[params]["stats"]
+            cleaned.compute(params.grad)
+            self.inner.update(params, inner, shared.with_stats(cleaned))
+            return
+        guard = self._guard(params, inner, own["skip"])
+        guard.save()
+        self.inner.update(params, inner, shared)
+        guard.restore()
 
-    return dataclasses.replace(inner, init=init, update=update, nonfinite=mode)
+    def check(self, params: ParamSet, state: dict[str, wp.array]) -> None:
+        """Raise :class:`NonFiniteGradientError` if the ``error`` wrapper saw nan/inf.
+
+        One host read of two integers; call it where the host synchronises anyway (the
+        trainer's log read-back). Under ``error`` every update from the bad iteration on is
+        already skipped on the device, so the parameters are those before it.
+        """
+        if self.mode != "error":
+            return
+        iteration = int(state["nonfinite/first_iteration"].numpy()[0])
+        if iteration >= 0:
+            raise NonFiniteGradientError(iteration, params.names[int(state["nonfinite/first_param"].numpy()[0])])
 
 
-def skip_if_nonfinite(inner: ClipPolicy) -> ClipPolicy:
-    """``inner``, except that an iteration whose gradient holds nan or inf makes no update.
+def _wrap(inner: Any, mode: str) -> NonFinite:
+    if isinstance(inner, NonFinite):
+        raise ValueError(f"clip: '{inner.name}' already handles non-finite gradients ({inner.mode})")
+    return NonFinite(inner=inner, mode=mode, name=inner.name)
 
-    Adds to the state ``skipped`` (iterations skipped), ``iteration`` (updates seen) and
-    ``nonfinite_iteration``/``nonfinite_param`` (the first bad iteration and parameter, -1
-    before any), int32 ``(1,)`` each, and sets ``skip`` (1 for a skipped iteration). One
-    single-thread launch before the rule.
+
+def skip_if_nonfinite(inner: Any) -> NonFinite:
+    """``inner``, except that an iteration whose gradient holds nan or inf makes no update:
+    the parameters and the inner state are put back as they were (``optax.apply_if_finite``
+    without its tolerance of a few bad steps). Three launches besides the inner update
+    (stage, save, restore).
 
     Raises:
         ValueError: If ``inner`` is already wrapped.
@@ -108,10 +172,10 @@ def skip_if_nonfinite(inner: ClipPolicy) -> ClipPolicy:
     return _wrap(inner, "skip")
 
 
-def zero_nonfinite(inner: ClipPolicy) -> ClipPolicy:
+def zero_nonfinite(inner: Any) -> NonFinite:
     """``inner`` on the gradient with every nan/inf entry set to 0 (``optax.zero_nans``, with
-    infinities too); the rule sees the statistics of the zeroed gradient (three launches
-    more). The state is that of :func:`skip_if_nonfinite`; ``skip`` stays 0.
+    infinities too); it sees the statistics of the zeroed gradient (four launches more).
+    ``nonfinite/skip`` stays 0.
 
     Raises:
         ValueError: If ``inner`` is already wrapped.
@@ -119,11 +183,10 @@ def zero_nonfinite(inner: ClipPolicy) -> ClipPolicy:
     return _wrap(inner, "zero")
 
 
-def error_if_nonfinite(inner: ClipPolicy) -> ClipPolicy:
+def error_if_nonfinite(inner: Any) -> NonFinite:
     """``inner``, and the run stops at the first nan/inf gradient: from that iteration on no
-    update happens on the device, and :meth:`ClipPolicy.check` (the trainer calls it at
-    every read-back) raises :class:`NonFiniteGradientError` naming the iteration and the
-    parameter. The state is that of :func:`skip_if_nonfinite`.
+    update happens on the device, and :meth:`NonFinite.check` raises
+    :class:`NonFiniteGradientError` naming the iteration and the parameter.
 
     Raises:
         ValueError: If ``inner`` is already wrapped.
@@ -135,7 +198,7 @@ WRAPPERS = {"skip": skip_if_nonfinite, "zero": zero_nonfinite, "error": error_if
 """The wrapper of each ``clip.nonfinite`` value."""
 
 
-def with_nonfinite(inner: ClipPolicy, nonfinite: str) -> ClipPolicy:
+def with_nonfinite(inner: Any, nonfinite: str) -> NonFinite:
     """``inner`` wrapped as ``clip.nonfinite`` says (``skip``, ``zero`` or ``error``).
 
     Raises:
@@ -147,21 +210,20 @@ def with_nonfinite(inner: ClipPolicy, nonfinite: str) -> ClipPolicy:
 
 
 class SkipGuard:
-    """Makes an optimizer step a no-op on the device when ``clip_state["skip"]`` is 1.
+    """Makes an update a no-op on the device when the flag ``skip`` is 1.
 
-    Works with any optimizer, without knowing its internals: :meth:`save` copies the
-    parameters and every array of the optimizer state (as raw 32-bit words, so integer
-    counters and floats come back bit-identical) before the step; :meth:`restore` copies
-    them back after the step when the skip flag is set. The arrays are walked as one
+    Works with any transformation, without knowing its internals: :meth:`save` copies the
+    parameters and every array of its state (as raw 32-bit words, so integer counters and
+    floats come back bit-identical) before the update; :meth:`restore` copies them back
+    after it when the skip flag is set. The arrays are walked as one
     :class:`~harness.chunks.ChunkTable` of 32-bit words (``ChunkTable.for_words``). One
-    launch each, no host branch;
-    the cost is two copies of parameters plus optimizer state per iteration. An optimizer
-    that reads the flag itself (``if skip[0]: return`` in its kernels) can replace the guard.
+    launch each, no host branch; the cost is two copies of parameters plus state per
+    iteration.
 
     Args:
         params: The parameters.
-        opt_state: The optimizer state; every ``wp.array`` value is covered.
-        skip: The device flag, ``clip_state["skip"]``.
+        opt_state: The state to cover; every ``wp.array`` value is covered.
+        skip: The device flag (``nonfinite/skip``).
 
     Raises:
         ValueError: If an array is not on the parameters' device, not contiguous or not a

@@ -38,6 +38,7 @@ from harness.clip.kernels import (
 from harness.params import ParamSet
 from harness.schema import field
 from harness.stats import FlatStats, GroupNorms
+from harness.transform import Shared
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,59 +58,6 @@ class ClipRule:
     apply: Callable[[ParamSet, dict[str, wp.array], FlatStats, wp.array], None]
 
 
-@dataclasses.dataclass(frozen=True)
-class ClipPolicy:
-    """A gradient clip policy: an ``init``/``update`` pair over the flat gradient.
-
-    State (``init(params)``), all device arrays:
-
-    * ``coef`` float32 ``(1,)``: the smallest factor applied to any entry at the last update
-      (the global factor for global-norm rules), 1 when nothing was clipped.
-    * ``clipped`` int32 ``(1,)``: 1 when any entry was scaled down or clamped.
-    * ``skip`` int32 ``(1,)``: 1 when this iteration's update must not happen. A bare
-      policy never sets it; a non-finite wrapper (:mod:`harness.clip.nonfinite`) does, and
-      adds its own counters. Stateful rules leave their history alone when it is 1.
-    * rule state, e.g. ``threshold`` (float32 ``(1,)``, the norm limit of the last update,
-      inf when there was none), AutoClip's history or ZClip's EMA; in a chain each member's
-      keys are prefixed ``"<index>/"``.
-
-    Attributes:
-        name: Short name, the option's name (``"global_norm"``); a checkpoint records it.
-        init: Allocates the state on the parameters' device.
-        update: ``update(params, state, stats)``: rescales ``params.grad`` in place, where
-            ``stats`` are the pre-clip statistics of ``params.grad``.
-        rules: The rules applied in order (one, or a chain's members).
-        nonfinite: None for a bare policy; ``"skip"``, ``"zero"`` or ``"error"`` for one
-            wrapped by :func:`~harness.clip.nonfinite.skip_if_nonfinite`,
-            :func:`~harness.clip.nonfinite.zero_nonfinite` or
-            :func:`~harness.clip.nonfinite.error_if_nonfinite`.
-    """
-
-    name: str
-    init: Callable[[ParamSet], dict[str, wp.array]]
-    update: Callable[[ParamSet, dict[str, wp.array], FlatStats], None]
-    rules: tuple[ClipRule, ...] = ()
-    nonfinite: str | None = None
-
-    def check(self, params: ParamSet, state: dict[str, wp.array]) -> None:
-        """Raise :class:`~harness.clip.nonfinite.NonFiniteGradientError` if an
-        :func:`~harness.clip.nonfinite.error_if_nonfinite` wrapper saw nan/inf.
-
-        One host read of two integers; call it where the host synchronises anyway (the
-        trainer's log read-back). Under ``error`` every update from the bad iteration on is
-        already skipped on the device, so the parameters are those before it.
-        """
-        if self.nonfinite != "error":
-            return
-        from harness.clip.nonfinite import NonFiniteGradientError
-
-        iteration = int(state["nonfinite_iteration"].numpy()[0])
-        if iteration >= 0:
-            raise NonFiniteGradientError(iteration, params.names[int(state["nonfinite_param"].numpy()[0])])
-
-
-# --------------------------------------------------------------------------- policy assembly
-
 _ScratchCache = weakref.WeakKeyDictionary
 """Per-ParamSet scratch (tables, intermediate statistics): not state, recomputed every update."""
 
@@ -119,6 +67,92 @@ def _scratch(cache: weakref.WeakKeyDictionary, params: ParamSet, build: Callable
         cache[params] = build()
     return cache[params]
 
+
+@dataclasses.dataclass(frozen=True)
+class ClipPolicy:
+    """A gradient clip policy: a transformation (:mod:`harness.transform`) over the flat gradient.
+
+    State (``init``), all device arrays:
+
+    * ``coef`` float32 ``(1,)``: the smallest factor applied to any entry at the last update
+      (the global factor for global-norm rules), 1 when nothing was clipped.
+    * ``clipped`` int32 ``(1,)``: 1 when any entry was scaled down or clamped.
+    * rule state, e.g. ``threshold`` (float32 ``(1,)``, the norm limit of the last update,
+      inf when there was none), AutoClip's history or ZClip's EMA; in a chain each member's
+      keys are prefixed ``"<index>/"``.
+
+    ``init`` publishes ``coef`` and ``clipped`` (the clip-aware schedule reads ``clipped``).
+    ``update`` rescales ``params.grad`` in place from ``shared.stats``, the statistics of
+    the gradient before the policy; stateful rules (AutoClip, ZClip) leave their history
+    alone when a non-finite wrapper's ``shared["skip"]`` is 1.
+
+    Attributes:
+        name: Short name, the option's name (``"global_norm"``); a checkpoint records it.
+        rules: The rules applied in order (one, or a chain's members).
+    """
+
+    name: str
+    rules: tuple[ClipRule, ...]
+    _cache: weakref.WeakKeyDictionary = dataclasses.field(
+        default_factory=weakref.WeakKeyDictionary, compare=False, repr=False
+    )
+
+    @property
+    def _prefixes(self) -> list[str]:
+        return [""] if len(self.rules) == 1 else [f"{i}/" for i in range(len(self.rules))]
+
+    def init(self, params: ParamSet, shared: Shared | None = None) -> dict[str, wp.array]:
+        """Allocate the state on the parameters' device; publish ``coef`` and ``clipped``."""
+        dev = params.device
+        state = {
+            "coef": wp.ones(1, dtype=wp.float32, device=dev),
+            "clipped": wp.zeros(1, dtype=wp.int32, device=dev),
+        }
+        for rule, prefix in zip(self.rules, self._prefixes, strict=True):
+            if prefix:
+                state[prefix + "coef"] = wp.ones(1, dtype=wp.float32, device=dev)
+                state[prefix + "clipped"] = wp.zeros(1, dtype=wp.int32, device=dev)
+            for key, value in rule.init(params).items():
+                state[prefix + key] = value
+        if shared is not None:
+            shared.publish("coef", state["coef"])
+            shared.publish("clipped", state["clipped"])
+        return state
+
+    def update(self, params: ParamSet, state: dict[str, wp.array], shared: Shared) -> None:
+        """Clip ``params.grad`` in place (no host read: capturable)."""
+        stats = shared.stats
+        if stats is None or stats.size != params.size:
+            raise ValueError(f"clip: shared.stats must be the FlatStats of these {params.size} parameters")
+        dev = params.device
+        scratch = _scratch(self._cache, params, lambda: {})
+        skip = shared.get("skip")
+        if skip is None:  # no non-finite wrapper: never skipped
+            if "no_skip" not in scratch:
+                scratch["no_skip"] = wp.zeros(1, dtype=wp.int32, device=dev)
+            skip = scratch["no_skip"]
+        current = stats
+        if len(self.rules) > 1:
+            wp.launch(reset_coef_kernel, dim=1, inputs=[state["coef"], state["clipped"]], device=dev)
+        for i, (rule, prefix) in enumerate(zip(self.rules, self._prefixes, strict=True)):
+            if i > 0:
+                # Later members see the gradient as the earlier ones left it.
+                if "stats" not in scratch:
+                    scratch["stats"] = FlatStats(params)
+                current = scratch["stats"]
+                current.compute(params.grad)
+            sub = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
+            rule.apply(params, sub, current, skip)
+            if prefix:
+                wp.launch(
+                    chain_combine_kernel,
+                    dim=1,
+                    inputs=[sub["coef"], sub["clipped"], state["coef"], state["clipped"]],
+                    device=dev,
+                )
+
+
+# --------------------------------------------------------------------------- policy assembly
 
 # The arguments of each policy, as schemas (types and ranges, checked by harness.schema
 # whether Hydra or Python calls the factory; the factory's signature holds the defaults).
@@ -178,48 +212,7 @@ def _norm_args(max_norm: float, norm_type: float | str) -> NormArgs:
 
 
 def _build_policy(name: str, rules: Sequence[ClipRule]) -> ClipPolicy:
-    rules = tuple(rules)
-    prefixes = [""] if len(rules) == 1 else [f"{i}/" for i in range(len(rules))]
-    stats_cache: weakref.WeakKeyDictionary = _ScratchCache()
-
-    def init(params: ParamSet) -> dict[str, wp.array]:
-        dev = params.device
-        state = {
-            "coef": wp.ones(1, dtype=wp.float32, device=dev),
-            "clipped": wp.zeros(1, dtype=wp.int32, device=dev),
-            "skip": wp.zeros(1, dtype=wp.int32, device=dev),
-        }
-        for rule, prefix in zip(rules, prefixes, strict=True):
-            if prefix:
-                state[prefix + "coef"] = wp.ones(1, dtype=wp.float32, device=dev)
-                state[prefix + "clipped"] = wp.zeros(1, dtype=wp.int32, device=dev)
-            for key, value in rule.init(params).items():
-                state[prefix + key] = value
-        return state
-
-    def update(params: ParamSet, state: dict[str, wp.array], stats: FlatStats) -> None:
-        if stats.size != params.size:
-            raise ValueError(f"clip: stats are for {stats.size} entries, params have {params.size}")
-        dev = params.device
-        current = stats
-        if len(rules) > 1:
-            wp.launch(reset_coef_kernel, dim=1, inputs=[state["coef"], state["clipped"]], device=dev)
-        for i, (rule, prefix) in enumerate(zip(rules, prefixes, strict=True)):
-            if i > 0:
-                # Later members see the gradient as the earlier ones left it.
-                current = _scratch(stats_cache, params, lambda: FlatStats(params))
-                current.compute(params.grad)
-            sub = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
-            rule.apply(params, sub, current, state["skip"])
-            if prefix:
-                wp.launch(
-                    chain_combine_kernel,
-                    dim=1,
-                    inputs=[sub["coef"], sub["clipped"], state["coef"], state["clipped"]],
-                    device=dev,
-                )
-
-    return ClipPolicy(name=name, init=init, update=update, rules=rules)
+    return ClipPolicy(name=name, rules=tuple(rules))
 
 
 def _threshold_state(value: float) -> Callable[[ParamSet], dict[str, wp.array]]:
@@ -624,14 +617,22 @@ def zclip(
     return _build_policy("zclip", [ClipRule("zclip", init, apply)])
 
 
+def chain_policies(policies: Sequence[ClipPolicy]) -> ClipPolicy:
+    """One policy applying the rules of ``policies`` in order: what :func:`harness.transform.chain`
+    returns for clip policies alone (see :func:`chain`)."""
+    rules = [rule for policy in policies for rule in policy.rules]
+    return _build_policy("chain(" + ",".join(rule.name for rule in rules) + ")", rules)
+
+
 def chain(policies: Sequence[ClipPolicy]) -> ClipPolicy:
-    """Apply several policies' rules in order (e.g. value, then global norm), as ``optax.chain``.
+    """Apply several policies' rules in order (e.g. value, then global norm): the ``clip=chain``
+    option, :func:`harness.transform.chain` over a list of clip policies.
 
     Each member after the first sees the gradient as the previous ones left it (its
-    statistics are recomputed: three launches per member). The members are bare policies;
-    a non-finite wrapper goes around the chain (``skip_if_nonfinite(chain([...]))``) and
-    acts once, before the first member. ``state["coef"]`` is the product of the members'
-    coefficients, ``state["clipped"]`` is 1 when any member clipped; member ``i``'s keys are prefixed ``"i/"``.
+    statistics are recomputed: three launches per member). Members are bare policies; the
+    non-finite wrapper goes around the trainer's whole update and acts once, before the
+    first member. ``state["coef"]`` is the product of the members' coefficients,
+    ``state["clipped"]`` is 1 when any member clipped; member ``i``'s keys are prefixed ``"i/"``.
 
     Args:
         policies: The members, at least one (Hydra: a list of ``_target_`` nodes).
@@ -640,17 +641,17 @@ def chain(policies: Sequence[ClipPolicy]) -> ClipPolicy:
         The policy.
 
     Raises:
-        ValueError: If ``policies`` is empty or a member is wrapped in a non-finite handler.
+        ValueError: If ``policies`` is empty or a member is not a clip policy.
     """
+    from harness.transform import chain as chain_all
+
     policies = list(policies)
     if not policies:
         raise ValueError("clip.policies: a chain needs at least one policy")
     for i, policy in enumerate(policies):
-        if policy.nonfinite is not None:
+        if not isinstance(policy, ClipPolicy):
             raise ValueError(
-                f"clip.policies.{i}: '{policy.name}' is wrapped in a non-finite handler ({policy.nonfinite}); "
-                "accepted: bare policies (wrap the chain instead)"
+                f"clip.policies.{i}: '{getattr(policy, 'name', policy)}' is not a bare clip policy; "
+                "accepted: harness.clip policies (a non-finite wrapper goes around the whole update)"
             )
-    rules = [rule for policy in policies for rule in policy.rules]
-    name = "chain(" + ",".join(rule.name for rule in rules) + ")"
-    return _build_policy(name, rules)
+    return chain_all(*policies)

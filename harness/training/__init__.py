@@ -19,7 +19,8 @@ from typing import Any
 import warp as wp
 
 from harness.adjoint import AdjointSettings
-from harness.clip import ClipPolicy, skip_if_nonfinite
+from harness.clip import NONFINITE_MODES, ClipPolicy
+from harness.clip.nonfinite import NonFinite
 from harness.env import Env
 from harness.losses import WeightedLoss
 from harness.optim import Optimizer
@@ -36,7 +37,8 @@ from harness.training.callbacks import (
 )
 from harness.training.loop import Callback, Loop, Tally, TrainingInterrupted, TrainSettings, write_json
 from harness.training.state import TrainState
-from harness.training.step import FIXED_COLUMNS, CaptureError, TrainStep, capture_blocker
+from harness.training.step import FIXED_COLUMNS, CaptureError, TrainStep, capture_blocker, training_update
+from harness.transform import Shared
 
 __all__ = [
     "FIXED_COLUMNS",
@@ -60,13 +62,16 @@ class Trainer:
         env: The simulation.
         loss: The weighted loss over the env's observables.
         optimizer: Optimizer (:mod:`harness.optim`).
-        clip: Clip policy (:mod:`harness.clip`); a bare one runs under
-            :func:`~harness.clip.skip_if_nonfinite`, the default non-finite handling.
+        clip: Clip policy (:mod:`harness.clip`); one given inside a non-finite wrapper
+            (``zero_nonfinite(policy)``) sets ``nonfinite``.
         settings: Loop settings.
         schedule: Learning-rate schedule (:mod:`harness.schedules`); constant if None.
         task: What is trained (:mod:`harness.tasks`); open-loop actions if None.
         adjoint: Clipping inside backward (:class:`~harness.adjoint.AdjointSettings`, or
             the mapping ``clip.adjoint`` holds); off if None.
+        nonfinite: What an iteration with a nan/inf gradient does (``clip.nonfinite``):
+            ``skip`` (no update), ``zero`` (nan/inf entries become 0) or ``error`` (stop);
+            the wrapper goes around the whole update (:func:`~harness.training.step.training_update`).
 
     Attributes:
         state: The :class:`TrainState`.
@@ -89,22 +94,26 @@ class Trainer:
         schedule: Schedule | None = None,
         task: Task | None = None,
         adjoint: AdjointSettings | Mapping[str, Any] | None = None,
+        nonfinite: str = "skip",
     ):
-        if clip.nonfinite is None:
-            clip = skip_if_nonfinite(clip)
+        if isinstance(clip, NonFinite):  # a wrapped policy: its wrapper goes around the whole update
+            clip, nonfinite = clip.inner, clip.mode
+        if not isinstance(clip, ClipPolicy):
+            raise TypeError(f"Trainer: clip must be a harness.clip policy, got {type(clip).__name__}")
+        if nonfinite not in NONFINITE_MODES:
+            raise ValueError(f"clip.nonfinite must be one of {', '.join(NONFINITE_MODES)}, got {nonfinite!r}")
         self.env, self.loss, self.optimizer, self.clip, self.settings = env, loss, optimizer, clip, settings
         self.adjoint = AdjointSettings.parse(adjoint)
         self.schedule = schedule or constant()
         self.task = task or OpenLoop()
         self.device = wp.get_device(settings.device)
         params = prepare(env, self.task, loss, device=self.device)
-        opt_state = optimizer.init(params)
-        self.state = TrainState(
-            params, opt_state, self.schedule.init(opt_state), clip.init(params), task=self.task.state(env)
-        )
+        self.update = training_update(clip, self.schedule, optimizer, nonfinite)
+        shared = Shared()
+        self.state = TrainState(params, self.update.init(params, shared), task=self.task.state(env))
         self.step = TrainStep(
             env=env, task=self.task, loss=loss, optimizer=optimizer, clip=clip, schedule=self.schedule,
-            state=self.state, rows=settings.log_every, adjoint=self.adjoint,
+            update=self.update, shared=shared, state=self.state, rows=settings.log_every, adjoint=self.adjoint,
         )  # fmt: skip
         blocker = capture_blocker(
             env,

@@ -251,7 +251,7 @@ class Loop:
         tally.add(rows, step.columns)
         for callback in self.callbacks:
             callback.on_rows(self, first, rows)
-        step.clip.check(step.state.params, step.state.clip)  # `error` policy: raises after the rows are logged
+        step.update.check(step.state.params, step.state.update)  # `error` policy: raises after the rows are logged
         count, message = step.schedule.read_reductions(step.state.schedule)
         if count > tally.lr_reductions:
             print(message, flush=True)

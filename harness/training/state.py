@@ -1,11 +1,11 @@
 """The training state: everything an optimisation carries from one iteration to the next.
 
-This module owns :class:`TrainState`, a nested structure of device arrays: the flat
-parameter buffer and the optimizer's, the schedule's and the clip policy's state dicts.
-Nothing else persists between iterations (gradients, statistics and the history buffer
-are recomputed or read back every iteration), so a checkpoint is exactly this structure,
-saved and loaded generically as ``<group>/<key>`` arrays, and a resumed run continues bit
-for bit.
+This module owns :class:`TrainState`: the flat parameter buffer, the state of the trainer's
+update (one transformation, :mod:`harness.transform`: a non-finite wrapper around the chain
+of clip policy, schedule, optimizer and bounds, whose keys are ``<member>/<key>``) and what
+the task carries. Nothing else persists between iterations (gradients, statistics and the
+history buffer are recomputed or read back every iteration), so a checkpoint is exactly
+these arrays, saved and loaded generically by name, and a resumed run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -18,39 +18,67 @@ import warp as wp
 
 from harness.optim import load_state, save_state
 from harness.params import ParamSet
+from harness.transform import substate
 
-__all__ = ["TrainState"]
+__all__ = ["RENAMED_ARRAYS", "TrainState"]
 
 State = dict[str, wp.array]
+
+RENAMED_ARRAYS = {
+    "clip/skip": "nonfinite/skip",
+    "clip/skipped": "nonfinite/skipped",
+    "clip/iteration": "nonfinite/iteration",
+    "clip/nonfinite_iteration": "nonfinite/first_iteration",
+    "clip/nonfinite_param": "nonfinite/first_param",
+}
+"""Checkpoint arrays written under an older layout (the non-finite counters were the clip
+policy's before they became the wrapper's), read under their current names."""
 
 
 @dataclasses.dataclass
 class TrainState:
-    """Parameters plus the optimizer, schedule and clip-policy state, all on the device.
+    """Parameters plus the update's state, all on the device.
 
     Attributes:
         params: The flat parameter buffer with its named views.
-        optim: Optimizer state (``step``, ``lr``, moments, ...).
-        schedule: Schedule state (base rate, clip-aware window, ...).
-        clip: Clip-policy state (coefficient, skip flag, AutoClip/ZClip history, ...).
+        update: The trainer's update state: ``nonfinite/...`` (the non-finite wrapper's
+            counters), ``clip/...``, ``schedule/...``, ``optim/...``.
         task: What the task carries between iterations (a windowed policy's env state).
     """
 
     params: ParamSet
-    optim: State
-    schedule: State
-    clip: State
+    update: State
     task: State = dataclasses.field(default_factory=dict)
 
+    @property
+    def optim(self) -> State:
+        """The optimizer's state (``step``, ``lr``, moments, ...)."""
+        return substate(self.update, "optim")
+
+    @property
+    def schedule(self) -> State:
+        """The schedule's state (base rate, clip-aware window, ...)."""
+        return substate(self.update, "schedule")
+
+    @property
+    def clip(self) -> State:
+        """The clip policy's state (coefficient, AutoClip/ZClip history, ...)."""
+        return substate(self.update, "clip")
+
+    @property
+    def nonfinite(self) -> State:
+        """The non-finite wrapper's counters (``skip``, ``skipped``, ...)."""
+        return substate(self.update, "nonfinite")
+
     def groups(self) -> dict[str, State]:
-        """The nested structure, by group: ``params`` (``data``), ``optim``, ``schedule``,
-        ``clip`` and, when the task carries something between iterations, ``task``."""
-        found = {
-            "params": {"data": self.params.data},
-            "optim": self.optim,
-            "schedule": self.schedule,
-            "clip": self.clip,
-        }
+        """The state by group: ``params`` (``data``), each member of the update that has
+        state (``nonfinite``, ``clip``, ``schedule``, ``optim``) and, when the task carries
+        something between iterations, ``task``."""
+        found = {"params": {"data": self.params.data}}
+        for key in self.update:
+            group = key.split("/", 1)[0]
+            if group not in found:
+                found[group] = substate(self.update, group)
         if self.task:
             found["task"] = self.task
         return found
@@ -64,9 +92,11 @@ class TrainState:
         return save_state(self.arrays())
 
     def load(self, saved: Mapping[str, np.ndarray]) -> None:
-        """Overwrite every leaf with saved arrays, bit for bit.
+        """Overwrite every leaf with saved arrays, bit for bit (arrays of an older layout
+        under their current names, :data:`RENAMED_ARRAYS`).
 
         Raises:
             ValueError: One line naming the missing, unexpected or mismatched arrays.
         """
-        load_state(self.arrays(), saved)
+        current = {RENAMED_ARRAYS.get(key, key): value for key, value in saved.items()}
+        load_state(self.arrays(), current)

@@ -7,11 +7,12 @@ This module owns :class:`TrainStep`. Its :meth:`~TrainStep.iteration` issues, in
     backward
     pre-clip statistics            # before anything touches the gradients
     snapshot of the pre-clip gradient (histograms at log steps)
-    clip (in place; the non-finite policy sets the device skip flag)
-    post-clip statistics
     snapshot of the evaluated parameters (update ratio at log steps)
-    skip guard save -> schedule (writes the device lr) -> optimizer step -> parameter bounds
-        -> skip guard restore
+    the update, one transformation (harness.transform; :func:`training_update`):
+        non-finite stage (sets the device skip flag) -> skip guard save
+        -> clip (in place) -> schedule (writes the device lr) -> optimizer step
+        -> parameter bounds -> skip guard restore
+    post-clip statistics
     record the iteration's row of scalars at row ``counter % rows`` of the device history
     advance the device iteration counter
 
@@ -35,7 +36,8 @@ import numpy as np
 import warp as wp
 
 from harness.adjoint import AdjointClipper, AdjointSettings
-from harness.clip import ClipPolicy, SkipGuard
+from harness.clip import ClipPolicy, with_nonfinite
+from harness.clip.nonfinite import NonFinite
 from harness.env import Env, Trajectory
 from harness.losses import WeightedLoss
 from harness.memory import segmented_forward_backward
@@ -45,6 +47,7 @@ from harness.schedules import Schedule
 from harness.stats import FlatStats
 from harness.tasks import OpenLoop, Task, prepare, rollout
 from harness.training.state import TrainState
+from harness.transform import Shared, chain, project_to_bounds
 
 __all__ = [
     "CAPTURE_MODES",
@@ -54,6 +57,7 @@ __all__ = [
     "capture_blocker",
     "check_capture",
     "record_rollout",
+    "training_update",
     "zero_grads",
 ]
 
@@ -71,7 +75,7 @@ FIXED_COLUMNS: dict[str, Callable[[TrainStep], wp.array]] = {
     "optim/grad_norm_post": lambda s: s.stats_post.norm,
     "optim/clip_coef": lambda s: s.state.clip["coef"],
     "optim/clipped": lambda s: s.state.clip["clipped"],
-    "optim/skipped": lambda s: s.state.clip["skip"],
+    "optim/skipped": lambda s: s.state.nonfinite["skip"],
     "optim/grad_max_abs": lambda s: s.stats_pre.max_abs,
     "optim/nonfinite": lambda s: s.stats_pre.nonfinite,
 }
@@ -234,6 +238,14 @@ def capture_blocker(env: Env, device: wp.context.Device, components: dict[str, A
     return None
 
 
+def training_update(clip: ClipPolicy, schedule: Schedule, optimizer: Optimizer, nonfinite: str = "skip") -> NonFinite:
+    """The trainer's update as one transformation: ``nonfinite`` (``skip``, ``zero`` or
+    ``error``) around the chain of the clip policy, the schedule, the optimizer and the
+    parameter bounds (state keys ``nonfinite/``, ``clip/``, ``schedule/``, ``optim/``)."""
+    inner = chain(("clip", clip), ("schedule", schedule), ("optim", optimizer), ("bounds", project_to_bounds()))
+    return with_nonfinite(inner, nonfinite)
+
+
 class TrainStep:
     """The launches of one training iteration, their device history, and their graph.
 
@@ -242,9 +254,11 @@ class TrainStep:
         task: What the parameters are (how they drive the rollout).
         loss: The loss, bound to the env's observables.
         optimizer: The optimizer.
-        clip: The clip policy, wrapped in a non-finite handler (it sets ``state.clip["skip"]``).
+        clip: The clip policy.
         schedule: The learning-rate schedule.
-        state: The training state (parameters and every transformation's state).
+        update: The update of :func:`training_update` over these three.
+        shared: The arrays its members published at init (its ``stats`` are set here).
+        state: The training state (parameters and the update's state).
         rows: Rows of the device history, i.e. iterations between two read-backs.
         adjoint: Clipping inside backward (off by default).
 
@@ -271,22 +285,19 @@ class TrainStep:
         optimizer: Optimizer,
         clip: ClipPolicy,
         schedule: Schedule,
+        update: NonFinite,
+        shared: Shared,
         state: TrainState,
         rows: int,
         adjoint: AdjointSettings | None = None,
     ):
-        if clip.nonfinite is None:
-            raise ValueError(f"TrainStep: clip policy '{clip.name}' needs a non-finite wrapper (skip_if_nonfinite)")
         adjoint = adjoint or AdjointSettings()
         self.env, self.task, self.loss = env, task, loss
         self.optimizer, self.clip, self.schedule = optimizer, clip, schedule
+        self.update, self.shared = update, shared
         self.state = state
         params = state.params
         self.device = params.device
-        # A skipped iteration restores parameters, optimizer state and schedule state alike.
-        guarded = {**{f"optim/{k}": v for k, v in state.optim.items()}}
-        guarded.update({f"schedule/{k}": v for k, v in state.schedule.items()})
-        self.skip_guard = SkipGuard(params, guarded, state.clip["skip"])
         self.adjoint = (
             AdjointClipper(
                 horizon=env.horizon, world_count=env.world_count, max_norm=adjoint.max_norm, device=self.device
@@ -295,6 +306,7 @@ class TrainStep:
             else None
         )
         self.stats_pre = FlatStats(params)
+        self.shared.stats = self.stats_pre  # what the update's first member sees
         self.stats_post = FlatStats(params)
         self.stats_param = FlatStats(params)
         self.stats_update = FlatStats(params)
@@ -344,6 +356,8 @@ class TrainStep:
         self.trajectory: Trajectory | None = None
         self._tape: Any = None  # the tape (or what a segmented backward kept) a captured graph references
         self._timed = True
+        self._member_time: dict[str, float] = {}
+        self.shared.timing = self._member_time  # host seconds of each member of the update (eager)
         self.timing = dict.fromkeys(
             ("forward", "backward", "adjoint_clip", "grad_stats_clip", "optim", "capture", "graph"), 0.0
         )
@@ -388,15 +402,11 @@ class TrainStep:
         t0 = time.perf_counter()
         self.stats_pre.compute(params.grad)
         wp.copy(self.grad_pre, params.grad)
-        self.clip.update(params, state.clip, self.stats_pre)
-        self.stats_post.compute(params.grad)
-        t1 = time.perf_counter()
         wp.copy(self.eval_before, self.optimizer.eval_params(params, state.optim))
-        self.skip_guard.save()
-        self.schedule.update(state.optim, state.schedule, state.clip["clipped"])
-        self.optimizer.step(params, params.grad, state.optim)
-        params.clamp()  # parameter bounds, on the device
-        self.skip_guard.restore()
+        t1 = time.perf_counter()
+        clip_before = self._member_time.get("clip", 0.0)
+        self.update.update(params, state.update, self.shared)
+        self.stats_post.compute(params.grad)
         wp.launch(
             _record_row_kernel,
             dim=len(self.columns),
@@ -407,8 +417,9 @@ class TrainStep:
         wp.launch(_advance_kernel, dim=1, inputs=[self.counter], device=self.device)
         t2 = time.perf_counter()
         if self._timed:
-            self.timing["grad_stats_clip"] += t1 - t0
-            self.timing["optim"] += t2 - t1
+            clip_s = self._member_time.get("clip", 0.0) - clip_before
+            self.timing["grad_stats_clip"] += t1 - t0 + clip_s
+            self.timing["optim"] += t2 - t1 - clip_s
 
     def run(self) -> None:
         """One iteration: a replay of the captured graph when there is one, else eagerly."""

@@ -1,0 +1,178 @@
+"""One protocol for every gradient transformation, and the one ``chain`` that composes them.
+
+A transformation is an ``init``/``update`` pair, as in optax:
+
+* ``init(params, shared) -> state``: allocates its device state (a dict of Warp arrays) and
+  publishes in ``shared`` the device arrays other members read (the optimizer its ``lr``
+  and ``step``; a clip policy its ``clipped`` flag; a non-finite wrapper its ``skip`` flag);
+* ``update(params, state, shared) -> None``: issues its launches, reading ``params.grad``
+  (and ``shared.stats``, the statistics of the gradient as it stands) and writing in place.
+
+Every update is a fixed sequence of launches with no host read, so a whole iteration is
+captured in one graph. The members: a clip policy (:class:`harness.clip.ClipPolicy`), a
+schedule (:class:`harness.schedules.Schedule`, which writes the optimizer's device rate),
+an optimizer (:class:`harness.optim.Optimizer`), :func:`project_to_bounds`, and the
+non-finite wrappers around any of them (:func:`harness.clip.skip_if_nonfinite`,
+:func:`~harness.clip.zero_nonfinite`, :func:`~harness.clip.error_if_nonfinite`). The
+trainer's update is one of them::
+
+    skip_if_nonfinite(chain(("clip", clip), ("schedule", schedule), ("optim", optimizer),
+                            ("bounds", project_to_bounds())))
+
+:func:`chain` names its members: member ``name``'s state keys are ``"<name>/<key>"`` in
+the chain's state, which is the layout of a checkpoint (:class:`harness.training.TrainState`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import warp as wp
+
+from harness.params import ParamSet
+from harness.stats import FlatStats
+
+__all__ = ["Shared", "Transform", "chain", "project_to_bounds", "substate"]
+
+State = dict[str, wp.array]
+
+
+class Shared:
+    """What the members of one update hand to each other besides the gradient.
+
+    Args:
+        stats: The statistics of ``params.grad`` as it stands (the trainer's pre-clip
+            statistics; a member that changes the gradient, such as ``zero_nonfinite``,
+            hands the next ones a recomputed set).
+        timing: When a dict, :func:`chain` adds each member's host seconds under its name
+            (eager runs only; a captured graph runs none of this Python).
+        **arrays: Named device arrays, as members publish them at init.
+    """
+
+    def __init__(self, stats: FlatStats | None = None, *, timing: dict[str, float] | None = None, **arrays: wp.array):
+        self.stats = stats
+        self.timing = timing
+        self._arrays: dict[str, wp.array] = dict(arrays)
+
+    def publish(self, name: str, array: wp.array) -> None:
+        """Make ``array`` readable as ``shared[name]`` by every member (at init)."""
+        self._arrays[name] = array
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._arrays.get(name, default)
+
+    def __getitem__(self, name: str) -> wp.array:
+        try:
+            return self._arrays[name]
+        except KeyError:
+            raise KeyError(
+                f"no member of this chain publishes '{name}' (published: {', '.join(self._arrays) or 'nothing'})"
+            ) from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._arrays
+
+    def with_stats(self, stats: FlatStats) -> Shared:
+        """The same arrays and timing with other statistics."""
+        other = Shared(stats, timing=self.timing)
+        other._arrays = self._arrays
+        return other
+
+
+@runtime_checkable
+class Transform(Protocol):
+    """A gradient transformation: ``name``, ``init`` and ``update`` (module docstring)."""
+
+    name: str
+
+    def init(self, params: ParamSet, shared: Shared) -> State: ...
+
+    def update(self, params: ParamSet, state: State, shared: Shared) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Chain:
+    """Transformations applied in order (:func:`chain`).
+
+    Attributes:
+        name: ``chain(<member names>)``.
+        members: ``(name, transformation)`` pairs, in update order.
+    """
+
+    name: str
+    members: tuple[tuple[str, Transform], ...]
+
+    def init(self, params: ParamSet, shared: Shared | None = None) -> State:
+        """Every member's state, keys prefixed ``"<member>/"``.
+
+        Members are initialised last to first, so a member may read at init what a later
+        one publishes (a schedule starts from the optimizer's rate); at update every
+        member reads what any member published.
+        """
+        shared = shared if shared is not None else Shared()
+        state: State = {}
+        for name, member in reversed(self.members):
+            for key, value in member.init(params, shared).items():
+                state[f"{name}/{key}"] = value
+        return {key: state[key] for name, _ in self.members for key in state if key.startswith(name + "/")}
+
+    def update(self, params: ParamSet, state: State, shared: Shared) -> None:
+        """Each member's update in order, on its part of ``state``."""
+        for name, member in self.members:
+            t0 = time.perf_counter()
+            member.update(params, substate(state, name), shared)
+            if shared.timing is not None:
+                shared.timing[name] = shared.timing.get(name, 0.0) + time.perf_counter() - t0
+
+    def __iter__(self) -> Iterator[tuple[str, Transform]]:
+        return iter(self.members)
+
+
+def substate(state: Mapping[str, wp.array], name: str) -> State:
+    """The part of a chain's ``state`` that belongs to member ``name`` (keys without the prefix)."""
+    prefix = name + "/"
+    return {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
+
+
+def chain(*members: tuple[str, Transform] | Transform) -> Any:
+    """Compose transformations in order, as ``optax.chain``.
+
+    Members are ``(name, transformation)`` pairs or bare transformations (named by their
+    ``name``). A chain of clip policies alone is itself a clip policy
+    (:func:`harness.clip.chain`: each rule on the gradient the previous one left, one
+    combined coefficient); any other chain is a :class:`Chain`.
+
+    Raises:
+        ValueError: For no member, or two members with one name.
+    """
+    from harness.clip.policies import ClipPolicy, chain_policies
+
+    if not members:
+        raise ValueError("chain: needs at least one transformation")
+    if all(isinstance(m, ClipPolicy) for m in members):
+        return chain_policies(list(members))
+    named = tuple(m if isinstance(m, tuple) else (m.name, m) for m in members)
+    names = [name for name, _ in named]
+    if len(set(names)) != len(names) or any("/" in name for name in names):
+        raise ValueError(f"chain: member names must be distinct and hold no '/', got {names}")
+    return Chain(name="chain(" + ",".join(names) + ")", members=named)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bounds:
+    name: str = "bounds"
+
+    def init(self, params: ParamSet, shared: Shared | None = None) -> State:
+        return {}
+
+    def update(self, params: ParamSet, state: State, shared: Shared) -> None:
+        params.clamp()
+
+
+def project_to_bounds() -> Transform:
+    """Put every parameter back inside its bounds after the step (one launch; nothing for
+    unbounded parameters), as ``optax.projections``: the last member of the trainer's chain."""
+    return _Bounds()
