@@ -17,6 +17,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from harness import checkpoint
+from harness.training import state
 from tests.helpers import run_harness, start_harness
 
 RUN = ["+env=cartpole", "env.horizon=10", "env.world_count=2", "optim.lr=0.5", "log_every=3"]
@@ -301,3 +302,28 @@ def test_multirun_resume_checks_each_jobs_checkpoint_against_its_config(tmp_path
         assert checkpoint.load(saved[-1]).iteration == 6
         # The job's curve continues: every iteration once, the resumed ones included.
         assert loss_curve(sweep / job)[0] == list(range(1, 7))
+
+
+STAGE2 = Path(__file__).parent / "data"
+"""A run folder written by the code of commit 3ac405d (before the transformation protocol):
+``stage2_run`` holds its ``.hydra`` files and its checkpoint at iteration 4 of 6
+(``+env=cartpole env.horizon=10 env.world_count=2 optim.lr=0.5 log_every=3 iterations=6
+checkpoint.every=2 clip=norm schedule=cosine``), ``stage2_run_expected`` the checkpoint
+the same uninterrupted run ended with."""
+
+
+def test_a_checkpoint_of_the_earlier_layout_resumes_under_the_new_names_bit_for_bit(tmp_path):
+    """Old option names (clip=norm, schedule=cosine) and the non-finite counters stored as the
+    clip policy's (clip/skipped, ...) are read under their current names; the resumed run ends
+    exactly where the old code's uninterrupted run ended."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(STAGE2 / "stage2_run", run_dir)
+    args = [*RUN, "iterations=6", "checkpoint.every=2", "clip=global_norm", "schedule=cosine_decay"]
+    proc = train([*args, "resume=auto", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    resumed = final_checkpoint(run_dir)
+    expected = checkpoint.load(STAGE2 / "stage2_run_expected" / "ckpt_00000006.hckpt")
+    assert resumed.iteration == expected.iteration == 6
+    assert "clip/skipped" in expected.arrays and "nonfinite/skipped" in resumed.arrays
+    for key, value in expected.arrays.items():
+        np.testing.assert_array_equal(resumed.arrays[state.RENAMED_ARRAYS.get(key, key)], value, err_msg=key)

@@ -4,15 +4,16 @@ and a PyTorch-style functional API.
 The package is split the way Newton splits device code from host code:
 
 * :mod:`harness.clip.kernels`: every clip kernel and the launches that run them.
-* :mod:`harness.clip.policies`: the clip policies (:class:`ClipPolicy`), each built by a
-  factory that can be the ``_target_`` of a Hydra config under ``configs/clip/``:
+* :mod:`harness.clip.policies`: the clip policies (:class:`ClipPolicy`, transformations of
+  :mod:`harness.transform`), each built by a factory that can be the ``_target_`` of a
+  Hydra config under ``configs/clip/``:
   :func:`no_clip`, :func:`clip_by_value`, :func:`clip_by_global_norm`,
   :func:`clip_by_norm_per_param`, :func:`adaptive_grad_clip` (AGC), :func:`autoclip`,
   :func:`zclip` and :func:`chain`.
-* :mod:`harness.clip.nonfinite`: wrappers around any policy for nan/inf gradients
+* :mod:`harness.clip.nonfinite`: wrappers around any transformation for nan/inf gradients
   (:func:`skip_if_nonfinite`, :func:`zero_nonfinite`, :func:`error_if_nonfinite`, picked by
-  ``clip.nonfinite`` through :func:`with_nonfinite`), :class:`NonFiniteGradientError` and
-  :class:`SkipGuard`, which makes an optimizer step a no-op on the device.
+  ``clip.nonfinite`` through :func:`with_nonfinite`; the trainer wraps its whole update),
+  :class:`NonFiniteGradientError` and :class:`SkipGuard`, which undoes an update on the device.
 * :mod:`harness.clip.functional`: :func:`clip_grad_norm_` and :func:`clip_grad_value_` over a
   list of Warp arrays of any float dtype.
 
@@ -24,6 +25,7 @@ setting, configured as ``clip.adjoint``); clipping at one point of a kernel is
 from harness.clip.functional import clip_grad_norm_, clip_grad_value_
 from harness.clip.nonfinite import (
     NONFINITE_MODES,
+    NonFinite,
     NonFiniteGradientError,
     SkipGuard,
     error_if_nonfinite,
@@ -49,6 +51,7 @@ __all__ = [
     "NONFINITE_MODES",
     "ClipPolicy",
     "ClipRule",
+    "NonFinite",
     "NonFiniteGradientError",
     "SkipGuard",
     "adaptive_grad_clip",
