@@ -74,8 +74,8 @@ def field(
     return dataclasses.field(default=default, metadata=meta)
 
 
-def _kind(annotation: Any) -> tuple[type, bool]:
-    """(base type, whether None is accepted) of a field annotation."""
+def _kind(annotation: Any) -> tuple[type, bool, type]:
+    """(base type, whether None is accepted, entry type of a tuple) of a field annotation."""
     optional = False
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -84,8 +84,9 @@ def _kind(annotation: Any) -> tuple[type, bool]:
         annotation = args[0] if len(args) == 1 else annotation
         origin = typing.get_origin(annotation)
     if origin in (tuple, list, Sequence):
-        return tuple, optional
-    return annotation, optional
+        entries = [a for a in typing.get_args(annotation) if a is not Ellipsis]
+        return tuple, optional, entries[0] if entries else float
+    return annotation, optional, float
 
 
 def _number_text(value: float) -> str:
@@ -98,7 +99,7 @@ def _choice_text(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
-def _check_value(name: str, value: Any, kind: type, meta: Mapping[str, Any]) -> Any:
+def _check_value(name: str, value: Any, kind: type, meta: Mapping[str, Any], entry: type = float) -> Any:
     lo, hi, strict, choices = meta.get("minimum"), meta.get("maximum"), meta.get("strict"), meta.get("choices")
     strict_hi = meta.get("strict_maximum", False)
     if choices is not None:
@@ -116,11 +117,12 @@ def _check_value(name: str, value: Any, kind: type, meta: Mapping[str, Any]) -> 
             raise SchemaError(f"{name}: must be a string, got {value!r}")
         return value
     if kind is tuple:
+        what = "integers" if entry is int else "numbers"
         if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-            raise SchemaError(f"{name}: must be a list of numbers, got {value!r}")
+            raise SchemaError(f"{name}: must be a list of {what}, got {value!r}")
         if meta.get("length") is not None and len(value) != meta["length"]:
-            raise SchemaError(f"{name}: needs {meta['length']} numbers, got {len(value)}")
-        return tuple(_check_value(f"{name}[{i}]", v, float, meta) for i, v in enumerate(value))
+            raise SchemaError(f"{name}: needs {meta['length']} {what}, got {len(value)}")
+        return tuple(_check_value(f"{name}[{i}]", v, entry, meta) for i, v in enumerate(value))
     if kind in (int, float):
         is_int = isinstance(value, int) and not isinstance(value, bool)
         is_number = is_int or isinstance(value, float)
@@ -197,13 +199,13 @@ def build(schema: type, values: Mapping[str, Any], *, prefix: str, ignore: Seque
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise SchemaError(f"{label}: is required")
             continue
-        kind, optional = _kind(hints[name])
+        kind, optional, entry = _kind(hints[name])
         if value is None:
             if not optional:
                 raise SchemaError(f"{label}: must not be null")
             checked[name] = None
             continue
-        checked[name] = _check_value(label, value, kind, f.metadata)
+        checked[name] = _check_value(label, value, kind, f.metadata, entry)
     instance = schema(**checked)
     method = getattr(instance, "check", None)
     if method is not None:

@@ -123,6 +123,19 @@ class Policy(Task):
 
     name = "policy"
 
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Args:
+        """The task's fields (``configs/task/policy.yaml``), checked by :mod:`harness.schema`."""
+
+        hidden: tuple[int, ...] = schema.field(minimum=1, doc="hidden layer widths, e.g. [64, 64]")
+        activation: str = schema.field(choices=tuple(ACTIVATIONS))
+        action_scale: float = schema.field(minimum=0.0, strict=True)
+        window: int | None = schema.field(minimum=1)
+        carry_from: int = schema.field(minimum=0)
+        random_starts: bool = schema.field()
+        seed: int = schema.field()
+        init_scale: float = schema.field(minimum=0.0)
+
     def __init__(
         self,
         *,
@@ -135,23 +148,25 @@ class Policy(Task):
         seed: int = 0,
         init_scale: float = 0.1,
     ):
-        hidden = list(hidden) if not isinstance(hidden, int | str) else None
-        if hidden is None or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
-            raise schema.SchemaError("task.hidden: must be a list of layer widths >= 1, e.g. [64, 64]")
-        if activation not in ACTIVATIONS:
-            raise schema.SchemaError(
-                f"task.activation: '{activation}' is not accepted; accepted: {', '.join(ACTIVATIONS)}"
-            )
-        if not (isinstance(action_scale, int | float) and action_scale > 0):
-            raise schema.SchemaError(f"task.action_scale: must be a number > 0, got {action_scale!r}")
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise schema.SchemaError(f"task.window: must be null or an integer >= 1, got {window!r}")
-        if isinstance(carry_from, bool) or not isinstance(carry_from, int) or carry_from < 0:
-            raise schema.SchemaError(f"task.carry_from: must be an integer >= 0, got {carry_from!r}")
-        if not isinstance(random_starts, bool):
-            raise schema.SchemaError(f"task.random_starts: expected true or false, got {random_starts!r}")
-        if not (isinstance(init_scale, int | float) and init_scale >= 0):
-            raise schema.SchemaError(f"task.init_scale: must be a number >= 0, got {init_scale!r}")
+        args = schema.check(
+            self.Args,
+            "task",
+            hidden=hidden,
+            activation=activation,
+            action_scale=action_scale,
+            window=window,
+            carry_from=carry_from,
+            random_starts=random_starts,
+            seed=seed,
+            init_scale=init_scale,
+        )
+        hidden, activation, action_scale = args.hidden, args.activation, args.action_scale
+        window, carry_from, random_starts, init_scale = (
+            args.window,
+            args.carry_from,
+            args.random_starts,
+            args.init_scale,
+        )
         self.hidden = [int(h) for h in hidden]
         self.activation = activation
         self.action_scale = float(action_scale)
