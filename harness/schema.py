@@ -5,7 +5,7 @@ values (a YAML section after Hydra's composition, or a factory's keyword argumen
 dataclass instance: unknown fields, wrong types and values out of range are refused with
 one line naming the field (``env.horizon: must be an integer >= 1, got 0``). A field states
 its range in its metadata with :func:`field`; the type comes from its annotation (``int``,
-``float``, ``bool``, ``str``, ``tuple[float, ...]``, or ``X | None``).
+``float``, ``bool``, ``str``, ``tuple[float, ...]``, ``dict[str, float]`` or ``X | None``).
 
 The schemas: an env's ``Config`` (:class:`harness.env.EnvConfig`), the loop's
 :class:`~harness.training.loop.TrainSettings` (the top level of ``configs/train.yaml``),
@@ -86,6 +86,9 @@ def _kind(annotation: Any) -> tuple[type, bool, type]:
     if origin in (tuple, list, Sequence):
         entries = [a for a in typing.get_args(annotation) if a is not Ellipsis]
         return tuple, optional, entries[0] if entries else float
+    if origin in (dict, Mapping):
+        args = typing.get_args(annotation)
+        return dict, optional, args[1] if len(args) == 2 else float
     return annotation, optional, float
 
 
@@ -123,6 +126,10 @@ def _check_value(name: str, value: Any, kind: type, meta: Mapping[str, Any], ent
         if meta.get("length") is not None and len(value) != meta["length"]:
             raise SchemaError(f"{name}: needs {meta['length']} {what}, got {len(value)}")
         return tuple(_check_value(f"{name}[{i}]", v, entry, meta) for i, v in enumerate(value))
+    if kind is dict:
+        if not isinstance(value, Mapping):
+            raise SchemaError(f"{name}: must be a mapping of names to numbers, got {value!r}")
+        return {str(k): _check_value(f"{name}.{k}", v, entry, meta) for k, v in value.items()}
     if kind in (int, float):
         is_int = isinstance(value, int) and not isinstance(value, bool)
         is_number = is_int or isinstance(value, float)

@@ -113,11 +113,8 @@ class Chain:
         member reads what any member published.
         """
         shared = shared if shared is not None else Shared()
-        state: State = {}
-        for name, member in reversed(self.members):
-            for key, value in member.init(params, shared).items():
-                state[f"{name}/{key}"] = value
-        return {key: state[key] for name, _ in self.members for key in state if key.startswith(name + "/")}
+        parts = {name: member.init(params, shared) for name, member in reversed(self.members)}
+        return {f"{name}/{key}": value for name, _ in self.members for key, value in parts[name].items()}
 
     def update(self, params: ParamSet, state: State, shared: Shared) -> None:
         """Each member's update in order, on its part of ``state``."""

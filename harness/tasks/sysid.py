@@ -12,7 +12,6 @@ and must have its dt. The file format is in :mod:`harness.trajectory`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,6 +53,20 @@ class SystemId(TrainQuantities):
             per world.
     """
 
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class SysidArgs:
+        """The fields besides the quantities' (``configs/task/sysid.yaml``), checked by :mod:`harness.schema`."""
+
+        reference: str | None = schema.field()
+        weights: dict[str, float] | None = schema.field(minimum=0.0)  # noqa: RUF009 (a dataclasses.field)
+        shared: bool = schema.field()
+
+        def check(self) -> None:
+            if not self.reference:
+                raise ValueError(
+                    "reference: required; accepted: the path of a trajectory file written by python -m harness record"
+                )
+
     def __init__(
         self,
         *,
@@ -66,19 +79,10 @@ class SystemId(TrainQuantities):
     ):
         super().__init__(quantities=quantities, lower=lower, upper=upper, kind="physical")
         self.name = "sysid"
-        if not reference:
-            raise schema.SchemaError(
-                "task.reference: required; accepted: the path of a trajectory file written by python -m harness record"
-            )
-        self.reference_path = str(reference)
-        weights = dict(weights or {"joint_q": 1.0})
-        for key, value in weights.items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise schema.SchemaError(f"task.weights.{key}: must be a finite number >= 0, got {value!r}")
-        self.weights = {str(k): float(v) for k, v in weights.items()}
-        if not isinstance(shared, bool):
-            raise schema.SchemaError(f"task.shared: expected true or false, got {shared!r}")
-        self.shared = shared
+        args = schema.check(self.SysidArgs, "task", reference=reference, weights=weights, shared=shared)
+        self.reference_path = str(args.reference)
+        self.weights = dict(args.weights or {"joint_q": 1.0})
+        self.shared = args.shared
         self.reference: Reference | None = None
         self._device_reference: dict[str, Any] = {}
         self._broadcast: dict[tuple[int, str], wp.array] = {}
