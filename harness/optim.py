@@ -366,6 +366,7 @@ def _sgd_kernel(
     param[i] = p - lr[0] * g
 
 
+@schema.checked(SGDArgs, "optim")
 def sgd(
     lr: float = 1e-3,
     *,
@@ -394,16 +395,6 @@ def sgd(
     Raises:
         ValueError: If an argument is out of range (the message names ``optim.<field>``).
     """
-    args = schema.check(
-        SGDArgs, "optim", lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov, weight_decay=weight_decay
-    )
-    lr, momentum, dampening, nesterov, weight_decay = (
-        args.lr,
-        args.momentum,
-        args.dampening,
-        args.nesterov,
-        args.weight_decay,
-    )
 
     def advance(state: State) -> None:
         wp.launch(_advance_step_kernel, dim=1, inputs=[state["step"]], device=state["step"].device)
@@ -515,8 +506,7 @@ def _adam_kernel(
 def _adam_family(
     name: str, lr: object, betas: object, eps: object, weight_decay: object, amsgrad: object, *, decoupled: bool
 ) -> Optimizer:
-    args = schema.check(AdamArgs, "optim", lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
-    lr, (beta1, beta2), eps, weight_decay, amsgrad = args.lr, args.betas, args.eps, args.weight_decay, args.amsgrad
+    beta1, beta2 = betas
 
     def scalars(device: wp.context.Device) -> State:
         return {key: wp.zeros(1, dtype=wp.float32, device=device) for key in _ADAM_SCALARS}
@@ -581,6 +571,7 @@ _ADAM_SCALARS = ("step_size", "bias_correction2_sqrt", "decay_factor")
 """Per-step scalars the Adam advance kernel derives from the counter and the learning rate."""
 
 
+@schema.checked(AdamArgs, "optim")
 def adam(
     lr: float = 1e-3,
     *,
@@ -616,6 +607,7 @@ def adam(
     return _adam_family("adam", lr, betas, eps, weight_decay, amsgrad, decoupled=False)
 
 
+@schema.checked(AdamArgs, "optim")
 def adamw(
     lr: float = 1e-3,
     *,
@@ -804,6 +796,7 @@ def _schedulefree(
     )
 
 
+@schema.checked(SGDScheduleFreeArgs, "optim")
 def sgd_schedulefree(
     lr: float = 1.0,
     *,
@@ -839,18 +832,6 @@ def sgd_schedulefree(
     Raises:
         ValueError: If an argument is out of range (the message names ``optim.<field>``).
     """
-    args = schema.check(
-        SGDScheduleFreeArgs,
-        "optim",
-        lr=lr,
-        momentum=momentum,
-        weight_decay=weight_decay,
-        warmup_steps=warmup_steps,
-        r=r,
-        weight_lr_power=weight_lr_power,
-    )
-    lr, momentum, weight_decay = args.lr, args.momentum, args.weight_decay
-    warmup_steps, r, weight_lr_power = args.warmup_steps, args.r, args.weight_lr_power
 
     def update(seg: _Segment, state: State) -> None:
         wp.launch(
@@ -883,6 +864,7 @@ def sgd_schedulefree(
     )
 
 
+@schema.checked(AdamWScheduleFreeArgs, "optim")
 def adamw_schedulefree(
     lr: float = 0.0025,
     *,
@@ -922,21 +904,7 @@ def adamw_schedulefree(
     Raises:
         ValueError: If an argument is out of range (the message names ``optim.<field>``).
     """
-    args = schema.check(
-        AdamWScheduleFreeArgs,
-        "optim",
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        warmup_steps=warmup_steps,
-        r=r,
-        weight_lr_power=weight_lr_power,
-        decay_at_z=decay_at_z,
-    )
-    lr, (beta1, beta2), eps, weight_decay = args.lr, args.betas, args.eps, args.weight_decay
-    decay_at_z = args.decay_at_z
-    warmup_steps, r, weight_lr_power = args.warmup_steps, args.r, args.weight_lr_power
+    beta1, beta2 = betas
 
     def update(seg: _Segment, state: State) -> None:
         wp.launch(

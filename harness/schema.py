@@ -17,13 +17,15 @@ factories check whether Hydra or Python code calls them.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["SchemaError", "build", "check", "field"]
+__all__ = ["SchemaError", "build", "check", "checked", "field"]
 
 
 class SchemaError(ValueError):
@@ -228,3 +230,29 @@ def build(schema: type, values: Mapping[str, Any], *, prefix: str, ignore: Seque
 def check(schema: type, prefix: str, **values: Any) -> Any:
     """:func:`build` for a factory's keyword arguments: ``check(AdamArgs, "optim", lr=lr, ...)``."""
     return build(schema, values, prefix=prefix)
+
+
+def checked(schema: type, prefix: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a factory (or an ``__init__``) whose arguments are the fields of ``schema``:
+    every call's arguments (defaults included) are checked by :func:`build` and the factory
+    receives the checked values (``1`` for a float field arrives as ``1.0``, a list as a tuple).
+
+    Raises (from the decorated factory):
+        SchemaError: One line naming ``<prefix>.<field>`` and what is accepted.
+    """
+
+    def decorate(factory: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(factory)
+
+        @functools.wraps(factory)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
+            owner = (arguments.pop("self"),) if "self" in arguments else ()
+            values = build(schema, arguments, prefix=prefix)
+            return factory(*owner, **{f.name: getattr(values, f.name) for f in dataclasses.fields(values)})
+
+        return wrapper
+
+    return decorate

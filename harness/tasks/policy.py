@@ -136,6 +136,7 @@ class Policy(Task):
         seed: int = schema.field()
         init_scale: float = schema.field(minimum=0.0)
 
+    @schema.checked(Args, "task")
     def __init__(
         self,
         *,
@@ -148,25 +149,6 @@ class Policy(Task):
         seed: int = 0,
         init_scale: float = 0.1,
     ):
-        args = schema.check(
-            self.Args,
-            "task",
-            hidden=hidden,
-            activation=activation,
-            action_scale=action_scale,
-            window=window,
-            carry_from=carry_from,
-            random_starts=random_starts,
-            seed=seed,
-            init_scale=init_scale,
-        )
-        hidden, activation, action_scale = args.hidden, args.activation, args.action_scale
-        window, carry_from, random_starts, init_scale = (
-            args.window,
-            args.carry_from,
-            args.random_starts,
-            args.init_scale,
-        )
         self.hidden = [int(h) for h in hidden]
         self.activation = activation
         self.action_scale = float(action_scale)
