@@ -9,9 +9,10 @@ its range in its metadata with :func:`field`; the type comes from its annotation
 
 The schemas: an env's ``Config`` (:class:`harness.env.EnvConfig`), the loop's
 :class:`~harness.training.loop.TrainSettings` (the top level of ``configs/train.yaml``),
-and the arguments of every optimizer (:mod:`harness.optim`), schedule
-(:mod:`harness.schedules`) and clip policy (:mod:`harness.clip.policies`), which their
-factories check whether Hydra or Python code calls them.
+a loss term (:class:`~harness.losses.LossTerm`), the tasks' ``Args``, and the arguments of
+every optimizer (:mod:`harness.optim`), schedule (:mod:`harness.schedules`) and clip
+policy (:mod:`harness.clip.policies`), which their factories check whether Hydra or Python
+code calls them (:func:`checked`).
 """
 
 from __future__ import annotations
@@ -138,7 +139,9 @@ def _check_value(name: str, value: Any, kind: type, meta: Mapping[str, Any], ent
         finite = meta.get("finite", True)
         what = "an integer" if kind is int else ("a finite number" if finite else "a number")
         bound = _bound_text(lo, hi, strict, strict_hi)
-        if not (is_int if kind is int else is_number and (math.isfinite(value) or not finite)):
+        if not (
+            is_int if kind is int else is_number and (math.isfinite(value) or (not finite and not math.isnan(value)))
+        ):
             raise SchemaError(f"{name}: must be {what}{bound}, got {value!r}")
         below = lo is not None and not (value > lo if strict else value >= lo)  # nan is below
         above = hi is not None and (value >= hi if strict_hi else value > hi)
@@ -192,6 +195,9 @@ def build(schema: type, values: Mapping[str, Any], *, prefix: str, ignore: Seque
     for key in {k for k in keys.values() if "." in k}:
         parent = key.rsplit(".", 1)[0]
         found, node = _lookup(values, parent)
+        if found and not isinstance(node, Mapping):
+            siblings = sorted(k.rsplit(".", 1)[1] for k in keys.values() if k.rsplit(".", 1)[0] == parent)
+            raise SchemaError(f"{lead}{parent}: must be a mapping ({', '.join(siblings)}), got {node!r}")
         if found and isinstance(node, Mapping):
             siblings = {k.rsplit(".", 1)[1] for k in keys.values() if k.rsplit(".", 1)[0] == parent}
             extra = sorted(set(node) - siblings)

@@ -167,9 +167,9 @@ class FlatStats:
         self.nonfinite = wp.zeros(1, dtype=wp.int32, device=dev)
 
     def _check(self, arr: wp.array, what: str) -> None:
-        if arr.dtype != wp.float32 or arr.ndim != 1 or arr.shape[0] != self.size:
+        if arr.dtype != wp.float32 or arr.ndim != 1 or arr.shape[0] != self.size or not arr.is_contiguous:
             raise ValueError(
-                f"FlatStats.compute: {what} must be a flat float32 array of {self.size} entries, "
+                f"FlatStats.compute: {what} must be a contiguous flat float32 array of {self.size} entries, "
                 f"got dtype {arr.dtype.__name__} shape {arr.shape}"
             )
         if arr.device != self.device:

@@ -56,10 +56,21 @@ class Shared:
         self.stats = stats
         self.timing = timing
         self._arrays: dict[str, wp.array] = dict(arrays)
+        self._reports: dict[int, wp.array] = {}
 
     def publish(self, name: str, array: wp.array) -> None:
         """Make ``array`` readable as ``shared[name]`` by every member (at init)."""
         self._arrays[name] = array
+
+    def mark_report(self, *arrays: wp.array) -> None:
+        """Declare state arrays that only describe the last update (a clip policy's ``coef``
+        and ``clipped``): every update rewrites them, and a skipped update is not undone
+        for them (:class:`~harness.clip.SkipGuard` leaves them as the update wrote them)."""
+        for array in arrays:
+            self._reports[id(array)] = array
+
+    def is_report(self, array: wp.array) -> bool:
+        return id(array) in self._reports
 
     def get(self, name: str, default: Any = None) -> Any:
         return self._arrays.get(name, default)
@@ -79,6 +90,7 @@ class Shared:
         """The same arrays and timing with other statistics."""
         other = Shared(stats, timing=self.timing)
         other._arrays = self._arrays
+        other._reports = self._reports
         return other
 
 

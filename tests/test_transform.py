@@ -104,6 +104,9 @@ def test_the_chained_update_equals_its_members_applied_by_hand_bit_for_bit():
 
 
 def test_skip_if_nonfinite_around_the_chain_undoes_a_nan_iteration_for_every_member():
+    """Parameters and every state array come back bit for bit, except the clip policy's
+    reports of the last update (coef, clipped), which describe the skipped update: not
+    clipped, so it does not count as a clipped step."""
     params = make_params()
     update = training_update(*members(), "skip")
     shared = Shared(FlatStats(params))
@@ -120,8 +123,10 @@ def test_skip_if_nonfinite_around_the_chain_undoes_a_nan_iteration_for_every_mem
     update.update(params, state, shared)
     assert state["nonfinite/skip"].numpy()[0] == 1 and state["nonfinite/skipped"].numpy()[0] == 1
     np.testing.assert_array_equal(params.data.numpy(), before["params"])
+    assert before["clip/clipped"][0] == 1  # the good iteration was clipped ...
+    assert state["clip/clipped"].numpy()[0] == 0  # ... the skipped one reads as not clipped (a report)
     for key, value in state.items():
-        if not key.startswith("nonfinite/"):
+        if not key.startswith("nonfinite/") and key not in ("clip/coef", "clip/clipped"):
             np.testing.assert_array_equal(value.numpy(), before[key], err_msg=key)
     params.grad.assign(later)
     shared.stats.compute(params.grad)

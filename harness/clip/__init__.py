@@ -1,5 +1,5 @@
-"""Gradient clipping after backward: policies over the flat gradient, the non-finite policy
-and a PyTorch-style functional API.
+"""Gradient clipping after backward: policies over the flat gradient, the non-finite
+wrappers and a PyTorch-style functional API.
 
 The package is split the way Newton splits device code from host code:
 

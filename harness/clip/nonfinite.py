@@ -7,8 +7,10 @@ chain of clip, schedule, optimizer and bounds) and returns one that first looks 
 nan/inf count of ``shared.stats``, then runs the inner one:
 
 * :func:`skip_if_nonfinite`: an iteration with nan/inf makes no update: :class:`SkipGuard`
-  saves the parameters and every array of the inner state before the inner update and
-  puts them back after it when the device ``skip`` flag is set; counted in ``skipped``;
+  saves the parameters and the inner state before the inner update and puts them back
+  after it when the device ``skip`` flag is set (all but the arrays that only describe the
+  last update, a clip policy's ``coef`` and ``clipped``: a skipped step reads as not
+  clipped); counted in ``skipped``;
 * :func:`zero_nonfinite`: nan/inf entries become 0 before the inner update, which sees the
   statistics of the zeroed gradient;
 * :func:`error_if_nonfinite`: as skip, and from the first bad iteration on every update is
@@ -92,16 +94,16 @@ class NonFinite:
         # Everything the update needs is allocated here, none of it during an update (capture).
         if self.mode == "zero":
             self._cache.setdefault(params, {})["stats"] = FlatStats(params)
-        else:
-            self._guard(params, inner, own["skip"])
+        else:  # the last update's reports (a clip policy's coef, clipped) are not undone
+            self._guard(params, {k: v for k, v in inner.items() if not shared.is_report(v)}, own["skip"])
         return {**{f"nonfinite/{key}": value for key, value in own.items()}, **inner}
 
-    def _guard(self, params: ParamSet, inner: dict[str, wp.array], skip: wp.array) -> SkipGuard:
-        """The guard over ``params`` and ``inner``, built once per state (keyed by its skip flag)."""
+    def _guard(self, params: ParamSet, covered: dict[str, wp.array], skip: wp.array) -> SkipGuard:
+        """The guard over ``params`` and ``covered``, built at init once per state (keyed by its skip flag)."""
         guards = self._cache.setdefault(params, {})
         found = guards.get(skip.ptr)
         if found is None or found.skip is not skip:
-            found = guards[skip.ptr] = SkipGuard(params, inner, skip)
+            found = guards[skip.ptr] = SkipGuard(params, covered, skip)
         return found
 
     def update(self, params: ParamSet, state: dict[str, wp.array], shared: Shared) -> None:
@@ -135,7 +137,7 @@ class NonFinite:
             cleaned.compute(params.grad)
             self.inner.update(params, inner, shared.with_stats(cleaned))
             return
-        guard = self._guard(params, inner, own["skip"])
+        guard = self._cache[params][own["skip"].ptr]
         guard.save()
         self.inner.update(params, inner, shared)
         guard.restore()
@@ -222,7 +224,7 @@ class SkipGuard:
 
     Args:
         params: The parameters.
-        opt_state: The state to cover; every ``wp.array`` value is covered.
+        state: The state to cover; every ``wp.array`` value is covered.
         skip: The device flag (``nonfinite/skip``).
 
     Raises:
@@ -230,8 +232,8 @@ class SkipGuard:
             whole number of 32-bit words.
     """
 
-    def __init__(self, params: ParamSet, opt_state: Mapping[str, Any], skip: wp.array):
-        arrays = [params.data, *(v for v in opt_state.values() if isinstance(v, wp.array))]
+    def __init__(self, params: ParamSet, state: Mapping[str, Any], skip: wp.array):
+        arrays = [params.data, *(v for v in state.values() if isinstance(v, wp.array))]
         if any(array.device != params.device for array in arrays):
             raise ValueError("SkipGuard: arrays must be on the parameters' device")
         self.table = ChunkTable.for_words(arrays, device=params.device)
@@ -249,9 +251,9 @@ class SkipGuard:
         )
 
     def save(self) -> None:
-        """Snapshot parameters and optimizer state (call right before the optimizer step)."""
+        """Snapshot the parameters and the covered state (call right before the update)."""
         self._launch(0)
 
     def restore(self) -> None:
-        """Put the snapshot back if the skip flag is set (call right after the optimizer step)."""
+        """Put the snapshot back if the skip flag is set (call right after the update)."""
         self._launch(1)

@@ -4,11 +4,12 @@ that can be the ``_target_`` of a Hydra config under ``configs/clip/``.
 :func:`no_clip`, :func:`clip_by_value`, :func:`clip_by_global_norm`,
 :func:`clip_by_norm_per_param`, :func:`adaptive_grad_clip` (AGC), :func:`autoclip`,
 :func:`zclip` and :func:`chain`. ``update`` rescales ``params.grad`` in place from the
-pre-clip :class:`~harness.stats.FlatStats` and keeps every number it decides (coefficient,
-threshold, history, skip flag) in device arrays, so a clipped step never goes back to the
-host and can be captured in a graph. A policy is only its rule: what happens to a nan/inf
-gradient is a wrapper around any policy (:mod:`harness.clip.nonfinite`:
-``skip_if_nonfinite(policy)``), and clipping inside backward is the trainer's own setting
+pre-clip :class:`~harness.stats.FlatStats` (``shared.stats``) and keeps every number it
+decides (coefficient, threshold, history) in device arrays, so a clipped step never goes
+back to the host and can be captured in a graph; ``init`` allocates everything an update
+uses. A policy is only its rule: what happens to a nan/inf gradient is a wrapper around
+any transformation (:mod:`harness.clip.nonfinite`: ``skip_if_nonfinite(...)``), and
+clipping inside backward is the trainer's own setting
 (:mod:`harness.adjoint`). The kernels are in :mod:`harness.clip.kernels`.
 """
 
@@ -48,6 +49,7 @@ class ClipRule:
     Attributes:
         name: Short name (``"global_norm"``).
         init: ``init(params)`` allocates the rule's own state arrays (besides ``coef``/``clipped``).
+        prepare: ``prepare(params)`` builds its scratch (called by :meth:`ClipPolicy.init`).
         apply: ``apply(params, state, stats, skip)`` clips ``params.grad`` in place from
             ``stats`` and writes ``state["coef"]`` and ``state["clipped"]``; a stateful rule
             leaves its history untouched when the device flag ``skip[0]`` is 1.
@@ -56,6 +58,8 @@ class ClipRule:
     name: str
     init: Callable[[ParamSet], dict[str, wp.array]]
     apply: Callable[[ParamSet, dict[str, wp.array], FlatStats, wp.array], None]
+    prepare: Callable[[ParamSet], None] | None = None
+    """Builds the rule's per-ParamSet scratch (tables, reducers) at init, so no update allocates."""
 
 
 _ScratchCache = weakref.WeakKeyDictionary
@@ -114,9 +118,17 @@ class ClipPolicy:
                 state[prefix + "clipped"] = wp.zeros(1, dtype=wp.int32, device=dev)
             for key, value in rule.init(params).items():
                 state[prefix + key] = value
+            if rule.prepare is not None:
+                rule.prepare(params)
+        # Everything an update uses is allocated here, none of it during an update (capture).
+        scratch = _scratch(self._cache, params, lambda: {})
+        scratch.setdefault("no_skip", wp.zeros(1, dtype=wp.int32, device=dev))
+        if len(self.rules) > 1:
+            scratch.setdefault("stats", FlatStats(params))
         if shared is not None:
             shared.publish("coef", state["coef"])
             shared.publish("clipped", state["clipped"])
+            shared.mark_report(*(v for k, v in state.items() if k.rsplit("/", 1)[-1] in ("coef", "clipped")))
         return state
 
     def update(self, params: ParamSet, state: dict[str, wp.array], shared: Shared) -> None:
@@ -125,11 +137,11 @@ class ClipPolicy:
         if stats is None or stats.size != params.size:
             raise ValueError(f"clip: shared.stats must be the FlatStats of these {params.size} parameters")
         dev = params.device
-        scratch = _scratch(self._cache, params, lambda: {})
+        if params not in self._cache:
+            raise ValueError(f"clip: '{self.name}' was not initialised for these parameters (init first)")
+        scratch = self._cache[params]
         skip = shared.get("skip")
         if skip is None:  # no non-finite wrapper: never skipped
-            if "no_skip" not in scratch:
-                scratch["no_skip"] = wp.zeros(1, dtype=wp.int32, device=dev)
             skip = scratch["no_skip"]
         current = stats
         if len(self.rules) > 1:
@@ -137,8 +149,6 @@ class ClipPolicy:
         for i, (rule, prefix) in enumerate(zip(self.rules, self._prefixes, strict=True)):
             if i > 0:
                 # Later members see the gradient as the earlier ones left it.
-                if "stats" not in scratch:
-                    scratch["stats"] = FlatStats(params)
                 current = scratch["stats"]
                 current.compute(params.grad)
             sub = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
@@ -226,12 +236,15 @@ _GROUP_COEF = _ScratchCache()
 """Per-ParamSet float32 ``(segment_count,)`` scratch the global scale writes its factor to."""
 
 
+def _group_coef(params: ParamSet) -> wp.array:
+    """The scratch of :func:`_scale_by_threshold` (built by the rules' ``prepare``)."""
+    return _scratch(_GROUP_COEF, params, lambda: wp.ones(params.segment_count, dtype=wp.float32, device=params.device))
+
+
 def _scale_by_threshold(params: ParamSet, state: dict[str, wp.array], total: wp.array) -> None:
     """The global-norm rule with the limit ``state["threshold"]`` (read on the device) and the
     float64 norm ``total``: the kernel :func:`~harness.clip.clip_grad_norm_` runs too."""
-    group_coef = _scratch(
-        _GROUP_COEF, params, lambda: wp.ones(params.segment_count, dtype=wp.float32, device=params.device)
-    )
+    group_coef = _group_coef(params)
     launch_scale_groups(
         params.chunks,
         params.grad.ptr,
@@ -310,8 +323,8 @@ def clip_by_global_norm(
     ``inf * 0``); a nan ``total`` makes every entry nan (the non-finite policy decides
     what happens to such an iteration). ``state["clipped"]`` is 1 when ``coef < 1``.
 
-    For ``p = 2`` the total is ``stats.norm`` and the policy is one launch (plus the
-    non-finite stage); other ``p`` add the three launches of a
+    For ``p = 2`` the total is ``stats.norm64`` and the policy is one launch (plus the
+    non-finite wrapper's stage); other ``p`` add the three launches of a
     :class:`~harness.stats.GroupNorms` reduction.
 
     Args:
@@ -337,7 +350,12 @@ def clip_by_global_norm(
         norms.compute(params.grad.ptr)
         _scale_by_threshold(params, state, norms.total)
 
-    rule = ClipRule("global_norm", _threshold_state(max_norm), apply)
+    def prepare(params: ParamSet) -> None:
+        _group_coef(params)
+        if p != 2.0:
+            _segment_norms(norms_cache, params, p)
+
+    rule = ClipRule("global_norm", _threshold_state(max_norm), apply, prepare)
     return _build_policy("global_norm", [rule])
 
 
@@ -386,7 +404,10 @@ def clip_by_norm_per_param(
             clipped=state["clipped"],
         )
 
-    return _build_policy("norm_per_param", [ClipRule("norm_per_param", init, apply)])
+    return _build_policy(
+        "norm_per_param",
+        [ClipRule("norm_per_param", init, apply, lambda params: _segment_norms(norms_cache, params, p))],
+    )
 
 
 def agc_units(params: ParamSet) -> list[tuple[int, int]]:
@@ -473,7 +494,10 @@ def adaptive_grad_clip(
             param_norm=param_norms.group_norm,
         )
 
-    return _build_policy("agc", [ClipRule("agc", lambda params: {}, apply)])
+    return _build_policy(
+        "agc",
+        [ClipRule("agc", lambda params: {}, apply, lambda params: _scratch(cache, params, lambda: build(params)))],
+    )
 
 
 def autoclip(
@@ -535,7 +559,7 @@ def autoclip(
         )
         _scale_by_threshold(params, state, stats.norm64)
 
-    return _build_policy("autoclip", [ClipRule("autoclip", init, apply)])
+    return _build_policy("autoclip", [ClipRule("autoclip", init, apply, _group_coef)])
 
 
 def zclip(
@@ -614,7 +638,7 @@ def zclip(
         )
         _scale_by_threshold(params, state, stats.norm64)
 
-    return _build_policy("zclip", [ClipRule("zclip", init, apply)])
+    return _build_policy("zclip", [ClipRule("zclip", init, apply, _group_coef)])
 
 
 def chain_policies(policies: Sequence[ClipPolicy]) -> ClipPolicy:

@@ -70,7 +70,7 @@ class Trainer:
         adjoint: Clipping inside backward (:class:`~harness.adjoint.AdjointSettings`, or
             the mapping ``clip.adjoint`` holds); off if None.
         nonfinite: What an iteration with a nan/inf gradient does (``clip.nonfinite``):
-            ``skip`` (no update), ``zero`` (nan/inf entries become 0) or ``error`` (stop);
+            ``skip`` (no update; the default), ``zero`` (nan/inf entries become 0) or ``error`` (stop);
             the wrapper goes around the whole update (:func:`~harness.training.step.training_update`).
 
     Attributes:
@@ -94,10 +94,16 @@ class Trainer:
         schedule: Schedule | None = None,
         task: Task | None = None,
         adjoint: AdjointSettings | Mapping[str, Any] | None = None,
-        nonfinite: str = "skip",
+        nonfinite: str | None = None,
     ):
         if isinstance(clip, NonFinite):  # a wrapped policy: its wrapper goes around the whole update
+            if nonfinite is not None and nonfinite != clip.mode:
+                raise ValueError(
+                    f"Trainer: clip is wrapped for nonfinite={clip.mode} and nonfinite={nonfinite} was given; "
+                    "accepted: one of them, or both the same"
+                )
             clip, nonfinite = clip.inner, clip.mode
+        nonfinite = "skip" if nonfinite is None else nonfinite
         if not isinstance(clip, ClipPolicy):
             raise TypeError(f"Trainer: clip must be a harness.clip policy, got {type(clip).__name__}")
         if nonfinite not in NONFINITE_MODES:
