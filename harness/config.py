@@ -22,6 +22,8 @@ import hydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from harness.checkpoint import current_name
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 """The config groups shipped inside the package (``harness/configs/``)."""
 
@@ -155,16 +157,13 @@ def build_clip(cfg: DictConfig) -> tuple[Any, str, Any]:
         ConfigError: One line naming the field and what is accepted.
     """
     from harness.adjoint import AdjointSettings
-    from harness.clip import NONFINITE_MODES
+    from harness.clip.nonfinite import check_mode
 
     section = OmegaConf.to_container(cfg.clip, resolve=True)
     settings = {key: section.pop(key) for key in CLIP_SETTINGS if key in section}
     policy = _instantiate({"clip": section}, "clip")
-    nonfinite = settings.get("nonfinite", "skip")
-    if nonfinite not in NONFINITE_MODES:
-        raise ConfigError(f"clip.nonfinite must be one of {', '.join(NONFINITE_MODES)}, got {nonfinite!r}")
     try:
-        return policy, nonfinite, AdjointSettings.parse(settings.get("adjoint"))
+        return policy, check_mode(settings.get("nonfinite", "skip")), AdjointSettings.parse(settings.get("adjoint"))
     except ValueError as exc:
         raise ConfigError(_first_line(exc)) from None
 
@@ -389,8 +388,6 @@ def _explain_override(config_name: str, overrides: list[str], exc: BaseException
 def _check_choice(group: str, value: Any, overrides: list[str]) -> None:
     options = available(group, overrides)
     values = value if isinstance(value, list) else [value]
-    from harness.checkpoint import current_name
-
     for v in values:
         if v is not None and str(v) not in options:
             new = current_name(group, str(v))
@@ -465,13 +462,11 @@ def run_overrides(run_dir: Path, command: str) -> list[str]:
         raise ConfigError(
             f"{command}: '{run_dir}' is not a run folder (no .hydra/overrides.yaml); accepted: outputs/<env>/<time>"
         )
-    from harness.checkpoint import current_name
-
     kept = [o for o in yaml.safe_load(found.read_text()) or [] if not o.startswith(("resume=", "device="))]
-    return [_renamed_override(o, current_name) for o in kept]
+    return [_renamed_override(o) for o in kept]
 
 
-def _renamed_override(override: str, current_name: Any) -> str:
+def _renamed_override(override: str) -> str:
     """``clip=norm`` as ``clip=global_norm``: an override choosing a renamed option, under its current name."""
     key, sep, value = override.partition("=")
     group = key.lstrip("+~")

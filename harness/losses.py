@@ -51,6 +51,10 @@ def _sum_terms(term_values: wp.array(dtype=wp.float32), term_count: int, total: 
     total[0] = acc
 
 
+TERM_KINDS = {"quadratic": _squared_difference_term, "reference": _squared_difference_term}
+STEP_MODES = ("all", "last")
+
+
 @dataclasses.dataclass(frozen=True)
 class LossTerm:
     """One weighted term of the loss.
@@ -71,14 +75,10 @@ class LossTerm:
     name: str = field()
     source: str = field()
     weight: float = field(1.0, minimum=0.0)
-    kind: str = field("quadratic", choices=("quadratic", "reference"))
+    kind: str = field("quadratic", choices=tuple(TERM_KINDS))
     dim_weights: tuple[float, ...] | None = field(())
     target: tuple[float, ...] | None = field(())
-    steps: str = field("all", choices=("all", "last"))
-
-
-TERM_KINDS = {"quadratic": _squared_difference_term, "reference": _squared_difference_term}
-STEP_MODES = ("all", "last")
+    steps: str = field("all", choices=STEP_MODES)
 
 
 class WeightedLoss:

@@ -274,14 +274,12 @@ class StepDecayArgs(ScheduleArgs):
     gamma: float = field(minimum=0.0, strict=True, maximum=1.0)
 
 
-_SHAPES = {CosineDecayArgs: ("decay_steps", "min_factor"), StepDecayArgs: ("step_size", "gamma")}
-"""The fields of each schedule's own shape, handed to :class:`Schedule` as its private fields."""
-
-
 def _build(name: str, kind: int, args_schema: type, **values: Any) -> Schedule:
     args = schema.check(args_schema, "schedule", **values)
     hyperparameters = dataclasses.asdict(args)
-    private = {f"_{key}": hyperparameters[key] for key in _SHAPES.get(args_schema, ())}
+    # The schedule's own shape (decay_steps, gamma, ...): the fields beyond ScheduleArgs'.
+    shared = {f.name for f in dataclasses.fields(ScheduleArgs)}
+    private = {f"_{key}": value for key, value in hyperparameters.items() if key not in shared}
     return Schedule(name, hyperparameters, kind, args.warmup_steps, args.start_factor, **private)
 
 

@@ -192,19 +192,21 @@ def build(schema: type, values: Mapping[str, Any], *, prefix: str, ignore: Seque
     if unknown:
         accepted = ", ".join(dict.fromkeys(key.split(".")[0] for key in keys.values()))
         raise SchemaError(f"{prefix or 'config'}: unknown field '{unknown[0]}'; accepted: {accepted}")
-    for key in {k for k in keys.values() if "." in k}:
-        parent = key.rsplit(".", 1)[0]
+    nested: dict[str, set[str]] = {}  # parent -> the leaves declared under it (checkpoint -> every, keep)
+    for key in keys.values():
+        if "." in key:
+            parent, leaf = key.rsplit(".", 1)
+            nested.setdefault(parent, set()).add(leaf)
+    for parent, leaves in nested.items():
         found, node = _lookup(values, parent)
-        if found and not isinstance(node, Mapping):
-            siblings = sorted(k.rsplit(".", 1)[1] for k in keys.values() if k.rsplit(".", 1)[0] == parent)
-            raise SchemaError(f"{lead}{parent}: must be a mapping ({', '.join(siblings)}), got {node!r}")
-        if found and isinstance(node, Mapping):
-            siblings = {k.rsplit(".", 1)[1] for k in keys.values() if k.rsplit(".", 1)[0] == parent}
-            extra = sorted(set(node) - siblings)
-            if extra:
-                raise SchemaError(
-                    f"{lead}{parent}: unknown field '{extra[0]}'; accepted: {', '.join(sorted(siblings))}"
-                )
+        if not found:
+            continue
+        accepted = ", ".join(sorted(leaves))
+        if not isinstance(node, Mapping):
+            raise SchemaError(f"{lead}{parent}: must be a mapping ({accepted}), got {node!r}")
+        extra = sorted(set(node) - leaves)
+        if extra:
+            raise SchemaError(f"{lead}{parent}: unknown field '{extra[0]}'; accepted: {accepted}")
     hints = typing.get_type_hints(schema)
     checked = {}
     for name, f in fields.items():

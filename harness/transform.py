@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import warp as wp
 
@@ -83,9 +83,6 @@ class Shared:
                 f"no member of this chain publishes '{name}' (published: {', '.join(self._arrays) or 'nothing'})"
             ) from None
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._arrays
-
     def with_stats(self, stats: FlatStats) -> Shared:
         """The same arrays and timing with other statistics."""
         other = Shared(stats, timing=self.timing)
@@ -94,7 +91,6 @@ class Shared:
         return other
 
 
-@runtime_checkable
 class Transform(Protocol):
     """A gradient transformation: ``name``, ``init`` and ``update`` (module docstring)."""
 
@@ -135,9 +131,6 @@ class Chain:
             member.update(params, substate(state, name), shared)
             if shared.timing is not None:
                 shared.timing[name] = shared.timing.get(name, 0.0) + time.perf_counter() - t0
-
-    def __iter__(self) -> Iterator[tuple[str, Transform]]:
-        return iter(self.members)
 
 
 def substate(state: Mapping[str, wp.array], name: str) -> State:

@@ -91,20 +91,17 @@ class NonFinite:
         inner = self.inner.init(params, shared)
         if any(key.startswith("nonfinite/") for key in inner):
             raise ValueError(f"{self.name}: the inner state already has nonfinite/ keys (wrapped twice?)")
-        # Everything the update needs is allocated here, none of it during an update (capture).
+        # Everything the update needs is allocated here, none of it during an update (capture):
+        # per state (keyed by its skip flag), the zeroed gradient's statistics or the guard,
+        # which leaves the last update's reports (a clip policy's coef, clipped) as written.
+        scratch = self._cache.setdefault(params, {})
         if self.mode == "zero":
-            self._cache.setdefault(params, {})["stats"] = FlatStats(params)
-        else:  # the last update's reports (a clip policy's coef, clipped) are not undone
-            self._guard(params, {k: v for k, v in inner.items() if not shared.is_report(v)}, own["skip"])
+            scratch[own["skip"].ptr] = FlatStats(params)
+        else:
+            scratch[own["skip"].ptr] = SkipGuard(
+                params, {k: v for k, v in inner.items() if not shared.is_report(v)}, own["skip"]
+            )
         return {**{f"nonfinite/{key}": value for key, value in own.items()}, **inner}
-
-    def _guard(self, params: ParamSet, covered: dict[str, wp.array], skip: wp.array) -> SkipGuard:
-        """The guard over ``params`` and ``covered``, built at init once per state (keyed by its skip flag)."""
-        guards = self._cache.setdefault(params, {})
-        found = guards.get(skip.ptr)
-        if found is None or found.skip is not skip:
-            found = guards[skip.ptr] = SkipGuard(params, covered, skip)
-        return found
 
     def update(self, params: ParamSet, state: dict[str, wp.array], shared: Shared) -> None:
         """The non-finite stage (one launch), then the inner update (under the guard for
@@ -131,13 +128,13 @@ class NonFinite:
             ],
             device=dev,
         )
+        prepared = self._cache[params][own["skip"].ptr]
         if self.mode == "zero":
             wp.launch(zero_nonfinite_kernel, dim=params.size, inputs=[params.grad], device=dev)
-            cleaned = self._cache[params]["stats"]
-            cleaned.compute(params.grad)
-            self.inner.update(params, inner, shared.with_stats(cleaned))
+            prepared.compute(params.grad)  # the statistics of the zeroed gradient
+            self.inner.update(params, inner, shared.with_stats(prepared))
             return
-        guard = self._cache[params][own["skip"].ptr]
+        guard = prepared
         guard.save()
         self.inner.update(params, inner, shared)
         guard.restore()
@@ -196,8 +193,15 @@ def error_if_nonfinite(inner: Any) -> NonFinite:
     return _wrap(inner, "error")
 
 
-WRAPPERS = {"skip": skip_if_nonfinite, "zero": zero_nonfinite, "error": error_if_nonfinite}
-"""The wrapper of each ``clip.nonfinite`` value."""
+def check_mode(nonfinite: Any) -> str:
+    """``nonfinite`` if it is a ``clip.nonfinite`` value (``skip``, ``zero`` or ``error``).
+
+    Raises:
+        ValueError: One line naming ``clip.nonfinite`` for any other value.
+    """
+    if nonfinite not in NONFINITE_MODES:
+        raise ValueError(f"clip.nonfinite must be one of {', '.join(NONFINITE_MODES)}, got {nonfinite!r}")
+    return nonfinite
 
 
 def with_nonfinite(inner: Any, nonfinite: str) -> NonFinite:
@@ -206,9 +210,7 @@ def with_nonfinite(inner: Any, nonfinite: str) -> NonFinite:
     Raises:
         ValueError: One line naming ``clip.nonfinite`` for any other value.
     """
-    if nonfinite not in WRAPPERS:
-        raise ValueError(f"clip.nonfinite must be one of {', '.join(NONFINITE_MODES)}, got {nonfinite!r}")
-    return WRAPPERS[nonfinite](inner)
+    return _wrap(inner, check_mode(nonfinite))
 
 
 class SkipGuard:

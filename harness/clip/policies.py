@@ -63,7 +63,7 @@ class ClipRule:
 
 
 _ScratchCache = weakref.WeakKeyDictionary
-"""Per-ParamSet scratch (tables, intermediate statistics): not state, recomputed every update."""
+"""Per-ParamSet scratch (tables, reducers, intermediate statistics): not state; built at init."""
 
 
 def _scratch(cache: weakref.WeakKeyDictionary, params: ParamSet, build: Callable[[], Any]) -> Any:
@@ -221,10 +221,6 @@ def _norm_args(max_norm: float, norm_type: float | str) -> NormArgs:
     )
 
 
-def _build_policy(name: str, rules: Sequence[ClipRule]) -> ClipPolicy:
-    return ClipPolicy(name=name, rules=tuple(rules))
-
-
 def _threshold_state(value: float) -> Callable[[ParamSet], dict[str, wp.array]]:
     def init(params: ParamSet) -> dict[str, wp.array]:
         return {"threshold": wp.full(1, value, dtype=wp.float32, device=params.device)}
@@ -277,7 +273,7 @@ def no_clip() -> ClipPolicy:
     def apply(params: ParamSet, state: dict[str, wp.array], stats: FlatStats, skip: wp.array) -> None:
         del params, state, stats, skip
 
-    return _build_policy("none", [ClipRule("none", lambda params: {}, apply)])
+    return ClipPolicy("none", (ClipRule("none", lambda params: {}, apply),))
 
 
 def clip_by_value(clip_value: float) -> ClipPolicy:
@@ -304,7 +300,7 @@ def clip_by_value(clip_value: float) -> ClipPolicy:
         wp.launch(reset_coef_kernel, dim=1, inputs=[state["coef"], state["clipped"]], device=params.device)
         launch_clamp(params.chunks, params.grad.ptr, clip_value, state["coef"], state["clipped"])
 
-    return _build_policy("value", [ClipRule("value", lambda params: {}, apply)])
+    return ClipPolicy("value", (ClipRule("value", lambda params: {}, apply),))
 
 
 def clip_by_global_norm(
@@ -356,7 +352,7 @@ def clip_by_global_norm(
             _segment_norms(norms_cache, params, p)
 
     rule = ClipRule("global_norm", _threshold_state(max_norm), apply, prepare)
-    return _build_policy("global_norm", [rule])
+    return ClipPolicy("global_norm", (rule,))
 
 
 def clip_by_norm_per_param(
@@ -404,10 +400,10 @@ def clip_by_norm_per_param(
             clipped=state["clipped"],
         )
 
-    return _build_policy(
-        "norm_per_param",
-        [ClipRule("norm_per_param", init, apply, lambda params: _segment_norms(norms_cache, params, p))],
-    )
+    def prepare(params: ParamSet) -> None:
+        _segment_norms(norms_cache, params, p)
+
+    return ClipPolicy("norm_per_param", (ClipRule("norm_per_param", init, apply, prepare),))
 
 
 def agc_units(params: ParamSet) -> list[tuple[int, int]]:
@@ -494,10 +490,10 @@ def adaptive_grad_clip(
             param_norm=param_norms.group_norm,
         )
 
-    return _build_policy(
-        "agc",
-        [ClipRule("agc", lambda params: {}, apply, lambda params: _scratch(cache, params, lambda: build(params)))],
-    )
+    def prepare(params: ParamSet) -> None:
+        _scratch(cache, params, lambda: build(params))
+
+    return ClipPolicy("agc", (ClipRule("agc", lambda params: {}, apply, prepare),))
 
 
 def autoclip(
@@ -559,7 +555,7 @@ def autoclip(
         )
         _scale_by_threshold(params, state, stats.norm64)
 
-    return _build_policy("autoclip", [ClipRule("autoclip", init, apply, _group_coef)])
+    return ClipPolicy("autoclip", (ClipRule("autoclip", init, apply, _group_coef),))
 
 
 def zclip(
@@ -638,14 +634,14 @@ def zclip(
         )
         _scale_by_threshold(params, state, stats.norm64)
 
-    return _build_policy("zclip", [ClipRule("zclip", init, apply, _group_coef)])
+    return ClipPolicy("zclip", (ClipRule("zclip", init, apply, _group_coef),))
 
 
 def chain_policies(policies: Sequence[ClipPolicy]) -> ClipPolicy:
     """One policy applying the rules of ``policies`` in order: what :func:`harness.transform.chain`
     returns for clip policies alone (see :func:`chain`)."""
     rules = [rule for policy in policies for rule in policy.rules]
-    return _build_policy("chain(" + ",".join(rule.name for rule in rules) + ")", rules)
+    return ClipPolicy("chain(" + ",".join(rule.name for rule in rules) + ")", tuple(rules))
 
 
 def chain(policies: Sequence[ClipPolicy]) -> ClipPolicy:

@@ -19,8 +19,8 @@ from typing import Any
 import warp as wp
 
 from harness.adjoint import AdjointSettings
-from harness.clip import NONFINITE_MODES, ClipPolicy
-from harness.clip.nonfinite import NonFinite
+from harness.clip import ClipPolicy
+from harness.clip.nonfinite import NonFinite, check_mode
 from harness.env import Env
 from harness.losses import WeightedLoss
 from harness.optim import Optimizer
@@ -103,11 +103,9 @@ class Trainer:
                     "accepted: one of them, or both the same"
                 )
             clip, nonfinite = clip.inner, clip.mode
-        nonfinite = "skip" if nonfinite is None else nonfinite
+        nonfinite = check_mode("skip" if nonfinite is None else nonfinite)
         if not isinstance(clip, ClipPolicy):
             raise TypeError(f"Trainer: clip must be a harness.clip policy, got {type(clip).__name__}")
-        if nonfinite not in NONFINITE_MODES:
-            raise ValueError(f"clip.nonfinite must be one of {', '.join(NONFINITE_MODES)}, got {nonfinite!r}")
         self.env, self.loss, self.optimizer, self.clip, self.settings = env, loss, optimizer, clip, settings
         self.adjoint = AdjointSettings.parse(adjoint)
         self.schedule = schedule or constant()

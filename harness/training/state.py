@@ -50,25 +50,10 @@ class TrainState:
     update: State
     task: State = dataclasses.field(default_factory=dict)
 
-    @property
-    def optim(self) -> State:
-        """The optimizer's state (``step``, ``lr``, moments, ...)."""
-        return substate(self.update, "optim")
-
-    @property
-    def schedule(self) -> State:
-        """The schedule's state (base rate, clip-aware window, ...)."""
-        return substate(self.update, "schedule")
-
-    @property
-    def clip(self) -> State:
-        """The clip policy's state (coefficient, AutoClip/ZClip history, ...)."""
-        return substate(self.update, "clip")
-
-    @property
-    def nonfinite(self) -> State:
-        """The non-finite wrapper's counters (``skip``, ``skipped``, ...)."""
-        return substate(self.update, "nonfinite")
+    optim = property(lambda self: substate(self.update, "optim"), doc="The optimizer's state (step, lr, moments).")
+    schedule = property(lambda self: substate(self.update, "schedule"), doc="The schedule's state (base rate, window).")
+    clip = property(lambda self: substate(self.update, "clip"), doc="The clip policy's state (coef, history).")
+    nonfinite = property(lambda self: substate(self.update, "nonfinite"), doc="The non-finite wrapper's counters.")
 
     def groups(self) -> dict[str, State]:
         """The state by group: ``params`` (``data``), each member of the update that has

@@ -316,7 +316,9 @@ class TrainStep:
         self._train_point = wp.zeros_like(params.data, requires_grad=False)
         # The parameters the last rollout ran with (plots): eval_before holds them already
         # unless the optimizer evaluates elsewhere (ScheduleFree's x).
-        self._rollout_copy = optimizer.eval_params(params, state.optim) is not params.data
+        # The array the evaluation point lives in (a fixed buffer: params.data, or ScheduleFree's x).
+        self._eval_point = optimizer.eval_params(params, state.optim)
+        self._rollout_copy = self._eval_point is not params.data
         self.rollout_params = (
             wp.zeros_like(params.data, requires_grad=False) if self._rollout_copy else self.eval_before
         )
@@ -402,7 +404,7 @@ class TrainStep:
         t0 = time.perf_counter()
         self.stats_pre.compute(params.grad)
         wp.copy(self.grad_pre, params.grad)
-        wp.copy(self.eval_before, self.optimizer.eval_params(params, state.optim))
+        wp.copy(self.eval_before, self._eval_point)
         t1 = time.perf_counter()
         clip_before = self._member_time.get("clip", 0.0)
         self.update.update(params, state.update, self.shared)
