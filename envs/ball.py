@@ -28,7 +28,7 @@ import numpy as np
 import warp as wp
 
 from envs.walls import ContactMaterial, add_wall_and_ground, set_soft_contact
-from harness.env import EnvConfig, Quantity, Trajectory
+from harness.env import EnvConfig, Quantity, Segmentable, Trajectory
 from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
 from harness.schema import field
 
@@ -58,12 +58,11 @@ class BallConfig(NewtonEnvConfig):
         return ["initial_velocity"] if kind == "initial" else []
 
 
-class BallEnv(NewtonEnv):
+class BallEnv(NewtonEnv, Segmentable):
     """The diffsim ball; see :class:`BallConfig` for the fields."""
 
     name = "ball"
     Config = BallConfig
-    segmentable = True  # its States are its only per-step arrays
     initial_quantities: ClassVar[dict[str, str]] = {"initial_velocity": "particle_qd"}  # task=initial trains it
 
     CONTACT = ContactMaterial(ke=1.0e4, kd=1.0e1, kf=0.0, mu=0.2)
@@ -96,8 +95,8 @@ class BallEnv(NewtonEnv):
     def extra_arrays(self) -> list[wp.array]:
         return [value for value in vars(self.contacts).values() if isinstance(value, wp.array)]
 
-    def record(self, t: int) -> None:
-        self.record_offset("to_target", t, self.targets, per_world=1, count=1)
+    def write_observables(self, t: int) -> None:
+        self.write_offset("to_target", t, self.targets, per_world=1, count=1)
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
         return {

@@ -26,7 +26,7 @@ import numpy as np
 import warp as wp
 
 from harness.adjoint_funcs import clamp_adjoint
-from harness.env import Quantity, Trajectory, host_rng
+from harness.env import DrawsStarts, PolicyEnv, Quantity, Segmentable, Trajectory, host_rng
 from harness.newton_env import NewtonEnv, NewtonEnvConfig
 from harness.schema import field
 
@@ -206,13 +206,12 @@ def upright_fraction(joint_q: np.ndarray) -> float:
     return float(np.mean(np.all(np.abs(tail) <= UPRIGHT_ANGLE, axis=(0, 2))))
 
 
-class CartpoleEnv(NewtonEnv):
+class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Segmentable):
     """Newton's URDF cartpole with ``SolverFeatherstone``; see :class:`CartpoleConfig` for the fields."""
 
     name = "cartpole"
     Config = CartpoleConfig
     state_fields = ("joint_q", "joint_qd")
-    segmentable = True  # its per-step arrays (forces, controls, scratch) are indexed by slot
 
     def __init__(self, config: CartpoleConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
         super().__init__(config, device=device, **fields)  # fields may carry segment_steps (Env)
@@ -347,7 +346,7 @@ class CartpoleEnv(NewtonEnv):
             setattr(self.solver, name, array)
         super().step(t)
 
-    def record(self, t: int) -> None:
+    def write_observables(self, t: int) -> None:
         state = self.state(t + 1)
         for name in ("joint_q", "joint_qd"):
             row = self.row(name, t)

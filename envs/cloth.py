@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import newton
 import warp as wp
 
-from harness.env import EnvConfig, Quantity, Trajectory
+from harness.env import EnvConfig, Quantity, Segmentable, Trajectory
 from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
 from harness.schema import field
 
@@ -58,12 +58,11 @@ class ClothConfig(NewtonEnvConfig):
         return ["initial_velocity"] if kind == "initial" else []
 
 
-class ClothEnv(NewtonEnv):
+class ClothEnv(NewtonEnv, Segmentable):
     """The diffsim cloth; see :class:`ClothConfig` for the fields."""
 
     name = "cloth"
     Config = ClothConfig
-    segmentable = True  # its States are its only per-step arrays
     initial_quantities: ClassVar[dict[str, str]] = {"initial_velocity": "particle_qd"}  # task=initial trains it
 
     def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
@@ -98,8 +97,8 @@ class ClothEnv(NewtonEnv):
         solver.enable_tri_contact = False
         return solver
 
-    def record(self, t: int) -> None:
-        self.record_offset(
+    def write_observables(self, t: int) -> None:
+        self.write_offset(
             "com_to_target",
             t,
             self.targets,

@@ -28,7 +28,7 @@ import numpy as np
 import warp as wp
 
 from envs.walls import ContactMaterial, add_wall_and_ground, set_soft_contact
-from harness.env import EnvConfig, Quantity, Trajectory
+from harness.env import EnvConfig, Quantity, Segmentable, Trajectory
 from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
 from harness.schema import field
 
@@ -94,12 +94,11 @@ def _assign_materials(values: wp.array2d(dtype=wp.float32), tet_materials: wp.ar
     tet_materials[tet, 1] = values[tet, 1]
 
 
-class SoftBodyEnv(NewtonEnv):
+class SoftBodyEnv(NewtonEnv, Segmentable):
     """The diffsim soft body; see :class:`SoftBodyConfig` for the fields."""
 
     name = "soft_body"
     Config = SoftBodyConfig
-    segmentable = True  # its per-step contacts are indexed by slot
 
     CONTACT = ContactMaterial(ke=1.0e3, kd=1.0, kf=0.0, mu=0.2)
 
@@ -195,8 +194,8 @@ class SoftBodyEnv(NewtonEnv):
             device=self.device,
         )
 
-    def record(self, t: int) -> None:
-        self.record_offset(
+    def write_observables(self, t: int) -> None:
+        self.write_offset(
             "com_to_target",
             t,
             self.targets,

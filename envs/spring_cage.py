@@ -22,7 +22,7 @@ import newton
 import numpy as np
 import warp as wp
 
-from harness.env import EnvConfig, Quantity, Trajectory
+from harness.env import EnvConfig, Quantity, Segmentable, Trajectory
 from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
 from harness.schema import field
 
@@ -69,12 +69,11 @@ class SpringCageConfig(NewtonEnvConfig):
         return ["rest_length"] if kind == "physical" else []
 
 
-class SpringCageEnv(NewtonEnv):
+class SpringCageEnv(NewtonEnv, Segmentable):
     """The diffsim spring cage; see :class:`SpringCageConfig` for the fields."""
 
     name = "spring_cage"
     Config = SpringCageConfig
-    segmentable = True  # its States are its only per-step arrays
 
     def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
         super().__init__(config, device=device, **fields)
@@ -106,8 +105,8 @@ class SpringCageEnv(NewtonEnv):
             return
         wp.copy(self.model.spring_rest_length, value)
 
-    def record(self, t: int) -> None:
-        self.record_offset("to_target", t, self.targets, per_world=len(ANCHORS) + 1, count=1)
+    def write_observables(self, t: int) -> None:
+        self.write_offset("to_target", t, self.targets, per_world=len(ANCHORS) + 1, count=1)
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
         return {

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import warp as wp
 
+from harness import tags
 from harness.events import figure_rgb
 
 __all__ = ["AdjointClipper", "AdjointSettings", "profile_histogram_values", "profile_image", "profile_summary"]
@@ -295,10 +296,10 @@ def profile_summary(profile: np.ndarray, *, max_norm: float | None = None) -> di
     if max_norm is not None and np.isfinite(max_norm):
         clipped = float(np.mean(profile > max_norm))
     return {
-        "through_time/norm_max": float(np.nanmax(profile)) if profile.size else 0.0,
-        "through_time/norm_first": float(peak[0]) if profile.size else 0.0,
-        "through_time/growth_per_100_steps": growth,
-        "through_time/clipped_fraction": clipped,
+        tags.ADJOINT_NORM_MAX: float(np.nanmax(profile)) if profile.size else 0.0,
+        tags.ADJOINT_NORM_FIRST: float(peak[0]) if profile.size else 0.0,
+        tags.ADJOINT_GROWTH: growth,
+        tags.ADJOINT_CLIPPED_FRACTION: clipped,
     }
 
 
@@ -343,4 +344,4 @@ def profile_histogram_values(profile: np.ndarray) -> dict[str, np.ndarray]:
     """The values to histogram: ``log10`` of every finite, non-zero per-step, per-world norm."""
     flat = np.asarray(profile, dtype=np.float64).ravel()
     flat = flat[np.isfinite(flat) & (flat > 0)]
-    return {"through_time/log10_norm_pre": np.log10(flat)}
+    return {tags.ADJOINT_HISTOGRAM: np.log10(flat)}

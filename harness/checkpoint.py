@@ -162,6 +162,43 @@ def load(path: Path, *, field: str = "resume") -> Checkpoint:
     return Checkpoint(arrays=arrays, meta=meta, path=path)
 
 
+IDENTITY_MEMBERS = ("optimizer", "schedule", "clip")
+"""The update's members a checkpoint names per parameter group (besides its layout)."""
+
+
+def flat_identity(identity: dict[str, Any]) -> tuple[dict[str, tuple[int, ...]], dict[str, Any]]:
+    """A run's identity (or a checkpoint's meta) as parameter shapes and identity entries, by
+    flat name: a single-group run has ``layout``, ``optimizer``, ``schedule`` and ``clip`` at the
+    top (what checkpoints always recorded); a run with several parameter groups has them per
+    group under ``groups``, named ``<group>/<name>`` here."""
+    groups = identity.get("groups")
+    if groups is None:
+        groups, sep = {"": identity}, ""
+    else:
+        sep = "/"
+    shapes: dict[str, tuple[int, ...]] = {}
+    entries: dict[str, Any] = {}
+    for group, found in groups.items():
+        head = f"{group}{sep}"
+        shapes.update({f"{head}{name}": tuple(shape) for name, shape, *_ in found.get("layout", [])})
+        for key in ("layout", *IDENTITY_MEMBERS):
+            if key in found:
+                entries[f"{head}{key}"] = found[key]
+    return shapes, entries
+
+
+def check_identity(
+    saved: Checkpoint, path: Path, identity: dict[str, Any], *, iterations: int | None = None, field: str = "resume"
+) -> None:
+    """Refuse a checkpoint that another run wrote: its env, its parameter groups' layouts (name,
+    shape, dtype and bounds of every parameter) and their optimizer, schedule and clip policy
+    must be ``identity``'s (:meth:`harness.training.step.TrainStep.identity`); one line,
+    :class:`CheckpointError`. The one place a checkpoint's identity is checked: by resume,
+    evaluate, render and the command line's early check (:func:`check_fits`)."""
+    shapes, entries = flat_identity(identity)
+    check_fits(saved, path, env=identity["env"], shapes=shapes, iterations=iterations, components=entries, field=field)
+
+
 def check_fits(
     saved: Checkpoint,
     path: Path,
@@ -174,29 +211,26 @@ def check_fits(
 ) -> None:
     """Refuse a checkpoint that another problem wrote; each given criterion is checked.
 
-    The one place both the command line's early check (before anything is written) and
-    the trainer's resume compare a checkpoint with a run.
-
     Args:
         saved: The loaded checkpoint.
         path: Its file (named in the messages).
         env: This run's env identity (the env class's ``name``).
-        shapes: This run's parameter shapes by name.
+        shapes: This run's parameter shapes by name (``<group>/<name>`` with several groups).
         iterations: This run's ``iterations`` (must reach the checkpoint's iteration).
-        components: Further identity entries of the checkpoint's meta that must match
-            (``layout``, ``optimizer``, ``schedule``, ``clip``).
+        components: Further identity entries that must match, by flat name
+            (:func:`flat_identity`: ``layout``, ``optimizer``, ``schedule``, ``clip``).
         field: The setting that named the checkpoint (starts the messages).
 
     Raises:
         CheckpointError: One line naming the file, what differs and what would fit.
     """
     meta = saved.meta
+    saved_shapes, saved_entries = flat_identity(meta)
     if env is not None and meta.get("env") != env:
         raise CheckpointError(
             f"{field}: checkpoint '{path}' was written by env '{meta.get('env')}'; this run's env is '{env}'"
         )
     if shapes is not None:
-        saved_shapes = {name: tuple(shape) for name, shape, *_ in meta.get("layout", [])}
         mine = {name: tuple(shape) for name, shape in shapes.items()}
         if saved_shapes != mine:
             raise CheckpointError(
@@ -208,10 +242,10 @@ def check_fits(
             f"accepted: iterations >= {saved.iteration}"
         )
     for key, mine in (components or {}).items():
-        if current_name(key, meta.get(key)) != mine:
+        theirs = saved_entries.get(key)
+        if current_name(key.rpartition("/")[2], theirs) != mine:
             raise CheckpointError(
-                f"{field}: checkpoint '{path}' does not fit this run: its {key} is {meta.get(key)!r}, "
-                f"this run's is {mine!r}"
+                f"{field}: checkpoint '{path}' does not fit this run: its {key} is {theirs!r}, this run's is {mine!r}"
             )
 
 

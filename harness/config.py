@@ -1,10 +1,16 @@
-"""Turns a composed Hydra config into typed objects, and rejects bad input early.
+"""Compose a Hydra config and validate it, without building anything.
 
-Hydra lives only here, in :mod:`harness.cli` and in :mod:`harness.sweep`: everything below ``train(...)`` receives
-plain Python objects (an :class:`~harness.env.Env`, a :class:`~harness.losses.WeightedLoss`,
-an :class:`~harness.optim.Optimizer`, a :class:`~harness.clip.ClipPolicy`,
-:class:`~harness.training.loop.TrainSettings`). Every error is a :class:`ConfigError` whose
-message is one line naming the field and what is accepted.
+This module owns composition (the package's config groups, folders on
+:data:`CONFIG_PATH_VARIABLE`, a task's per-env settings, the resolvers), the checks of a
+command line before Hydra creates a folder (the override syntax, every group choice, keys
+that do not exist), and the validation of the values whose schemas are known without
+building an object: the loop settings (:class:`TrainSettings`, the top level of
+``train.yaml``), the env's fields (its ``Config`` schema), ``memory.segment_steps``, the
+device. Building typed objects from a validated config (the env, task, loss, optimizer,
+clip policy, schedule) is :mod:`harness.build`; the commands are :mod:`harness.commands`.
+Hydra lives only here, in :mod:`harness.build`, :mod:`harness.sweep` and the commands.
+Every error is a :class:`ConfigError` whose message is one line naming the field and what
+is accepted.
 """
 
 from __future__ import annotations
@@ -18,11 +24,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import hydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.checkpoint import current_name
+from harness.schema import field
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 """The config groups shipped inside the package (``harness/configs/``)."""
@@ -41,6 +47,79 @@ placed by the options' defaults lists; not a choice of the command line."""
 
 class ConfigError(ValueError):
     """A bad configuration value; the message names the field and what is accepted."""
+
+
+CAPTURE_MODES = ("auto", True, False)
+"""Accepted values of the ``capture`` setting."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """Loop settings: the schema of the top level of ``configs/train.yaml``, built from the
+    composed config by :func:`harness.schema.build` (types and ranges from these fields;
+    ``checkpoint_every`` reads ``checkpoint.every``).
+
+    Attributes:
+        iterations: Optimisation steps.
+        log_every: Read back, write TensorBoard and print progress every N iterations.
+        seed: Run seed (the env's initial conditions are drawn from it).
+        device: Warp device name; None picks Warp's preferred device.
+        checkpoint_every: Write a checkpoint every N iterations (0: only at the end and on
+            SIGINT/SIGTERM).
+        checkpoint_keep: How many of the newest checkpoints to keep.
+        resume: None (start fresh), ``auto`` (the newest checkpoint in the run folder, if
+            any), or the path of a checkpoint file or run folder.
+        capture: ``auto`` (capture one iteration into a graph when the device and every
+            component allow it, else run eagerly and say why), True (capture or refuse),
+            False (every iteration eagerly).
+        plot_every: A TensorBoard image of the rollout against time (``rollout/plot``) at
+            the first log step, at the first log step after every multiple of this many
+            iterations and at the end; 0: the first log step and the end only; None: never.
+    """
+
+    iterations: int = field(100, minimum=1)
+    log_every: int = field(10, minimum=1)
+    seed: int = field(0, minimum=0)
+    device: str | None = field(None)
+    checkpoint_every: int = field(0, minimum=0, key="checkpoint.every")
+    checkpoint_keep: int = field(3, minimum=1, key="checkpoint.keep")
+    resume: str | None = field(None)
+    capture: bool | str = field("auto", choices=CAPTURE_MODES)
+    plot_every: int | None = field(50, minimum=0)
+
+    def check(self) -> None:
+        if self.resume == "":
+            raise ValueError("resume: expected null, auto, or a checkpoint file or run folder path, got ''")
+
+
+AUTO = "auto"
+"""``memory.segment_steps=auto``: :func:`auto_segment_steps` of the horizon."""
+
+
+def auto_segment_steps(horizon: int) -> int:
+    """About ``sqrt(horizon)`` steps per segment (at least 1): as many segments as steps in
+    one, which makes the saved states and one segment's tape about the same size."""
+    return max(1, round(math.sqrt(horizon)))
+
+
+def resolve_segment_steps(value: Any, horizon: int) -> int | None:
+    """``memory.segment_steps`` as steps per segment: None, ``auto`` or an integer in
+    ``[1, horizon]``.
+
+    Raises:
+        ValueError: One line naming ``memory.segment_steps`` and what is accepted.
+    """
+    if value is None:
+        return None
+    if value == AUTO:
+        return auto_segment_steps(horizon)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"memory.segment_steps: expected null, auto or an integer, got {value!r}")
+    if not 1 <= value <= horizon:
+        raise ValueError(
+            f"memory.segment_steps: {value} is outside [1, env.horizon={horizon}]; accepted: null, auto, 1 .. {horizon}"
+        )
+    return value
 
 
 def search_path_overrides(overrides: list[str]) -> list[str]:
@@ -87,38 +166,6 @@ def require_env(cfg: DictConfig) -> None:
         )
 
 
-@dataclasses.dataclass
-class Run:
-    """Everything a training run needs, as typed objects."""
-
-    env: Any
-    loss: Any
-    optimizer: Any
-    clip: Any
-    schedule: Any
-    settings: Any
-    task: Any = None
-    segment_steps: int | None = None  # memory.segment_steps resolved for the env (the env is built with it)
-    adjoint: Any = None  # clip.adjoint: harness.adjoint.AdjointSettings
-    nonfinite: str = "skip"  # clip.nonfinite: the wrapper around the trainer's update
-
-    def trainer(self, settings: Any = None) -> Any:
-        """The :class:`~harness.training.Trainer` of this run (optionally with other loop settings)."""
-        from harness.training import Trainer
-
-        return Trainer(
-            self.env,
-            self.loss,
-            self.optimizer,
-            self.clip,
-            settings or self.settings,
-            schedule=self.schedule,
-            task=self.task,
-            adjoint=self.adjoint,
-            nonfinite=self.nonfinite,
-        )
-
-
 def check_device(name: str | None) -> str | None:
     """Accept None (Warp's preferred device) or the name of a device Warp sees."""
     import warp as wp
@@ -129,43 +176,6 @@ def check_device(name: str | None) -> str | None:
     if str(name) not in names:
         raise ConfigError(f"device: '{name}' is not available here; accepted: null (preferred), {', '.join(names)}")
     return str(name)
-
-
-def _instantiate(cfg: DictConfig | dict, group: str, **kwargs: Any) -> Any:
-    try:
-        return hydra.utils.instantiate(cfg[group], _convert_="all", **kwargs)
-    except hydra.errors.InstantiationException as exc:
-        cause = exc.__cause__
-        if isinstance(cause, ValueError):
-            raise ConfigError(str(cause).splitlines()[0]) from None
-        raise ConfigError(f"{group}: could not be built ({str(cause or exc).splitlines()[0]})") from None
-
-
-CLIP_SETTINGS = ("nonfinite", "adjoint")
-"""Keys of the ``clip`` group that are not arguments of the policy's factory
-(``configs/base/clip.yaml``): the non-finite wrapper and clipping inside backward."""
-
-
-def build_clip(cfg: DictConfig) -> tuple[Any, str, Any]:
-    """The ``clip`` section as the policy, the non-finite mode and the adjoint settings.
-
-    ``_target_`` and its arguments build the policy; ``clip.nonfinite`` picks the wrapper
-    around the trainer's whole update (:func:`harness.training.step.training_update`),
-    ``clip.adjoint`` the :class:`~harness.adjoint.AdjointSettings`.
-
-    Raises:
-        ConfigError: One line naming the field and what is accepted.
-    """
-    from harness.adjoint import AdjointSettings
-    from harness.clip.nonfinite import check_mode
-
-    section = OmegaConf.to_container(cfg.clip, resolve=True)
-    settings = {key: section.pop(key) for key in CLIP_SETTINGS if key in section}
-    policy = _instantiate({"clip": section}, "clip")
-    try:
-        return policy, check_mode(settings.get("nonfinite", "skip")), AdjointSettings.parse(settings.get("adjoint"))
-    except ValueError as exc:
-        raise ConfigError(_first_line(exc)) from None
 
 
 def check_env_fields(cfg: DictConfig) -> tuple[Any, Any]:
@@ -182,7 +192,7 @@ def check_env_fields(cfg: DictConfig) -> tuple[Any, Any]:
     try:
         env_class = _import_object(str(target))
     except Exception as exc:
-        cause = f"{type(exc).__name__}: {_first_line(exc)}"
+        cause = f"{type(exc).__name__}: {first_line(exc)}"
         raise ConfigError(f"env._target_: cannot import '{target}' ({cause})") from None
     if not (isinstance(env_class, type) and issubclass(env_class, Env)):
         raise ConfigError(f"env._target_: '{target}' is not a harness.env.Env subclass")
@@ -213,14 +223,13 @@ own schemas; ``memory.segment_steps`` is checked against the env's horizon)."""
 
 
 def train_settings(cfg: DictConfig) -> Any:
-    """The loop settings of ``cfg``'s top level (:class:`~harness.training.loop.TrainSettings`,
+    """The loop settings of ``cfg``'s top level (:class:`TrainSettings`,
     its schema), with the device checked against the devices Warp sees.
 
     Raises:
         ConfigError: One line naming the field and what is accepted.
     """
     from harness.schema import SchemaError, build
-    from harness.training.loop import TrainSettings
 
     values = OmegaConf.to_container(cfg, resolve=True)
     try:
@@ -231,58 +240,37 @@ def train_settings(cfg: DictConfig) -> Any:
     return settings
 
 
-def validate(cfg: DictConfig, choices: Mapping[str, Any]) -> Run:
-    """Check everything that can be checked without compiling a kernel or writing a file.
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """What :func:`validate` checked: the loop settings, and the env class with its checked config."""
 
-    Returns:
-        The run with every side-effect-free object built and ``env`` still None.
+    settings: TrainSettings
+    env_class: Any
+    env_config: Any
+
+
+def validate(cfg: DictConfig) -> Checked:
+    """Check every value whose schema is known without building an object: the env is
+    chosen, the loop settings and the env's fields (what needs the task, such as
+    ``memory.segment_steps`` against the horizon the task trains on, is checked by
+    :func:`harness.build.validate`).
+
+    Raises:
+        ConfigError: One line naming the field and what is accepted.
     """
     require_env(cfg)
     settings = train_settings(cfg)
-    env_class, env_fields = check_env_fields(cfg)
-    task = _instantiate(cfg, "task")
-    try:
-        task.check_env(env_class.name, env_fields)
-        task.check(env_fields)
-        loss = task.replace_loss(_instantiate(cfg, "loss"))
-        loss.check(env_fields.observable_dims())
-        if loss.reference_terms and task.replace_loss(loss) is loss:
-            raise ValueError(
-                f"loss.terms.{loss.reference_terms[0].name}.kind: reference compares with a recorded trajectory; "
-                "accepted with task=sysid only"
-            )
-    except ValueError as exc:
-        raise ConfigError(_first_line(exc)) from None
-    steps = segment_steps(cfg, env_class, task.training_config(env_fields))
-    window = getattr(task, "window", None)
-    if steps is not None and window is not None and window < env_fields.horizon:
-        raise ConfigError(
-            f"memory.segment_steps: task.window={window} carries the state between windows, which a segmented "
-            "rollout does not yet support; accepted: memory.segment_steps=null, or task.window=null"
-        )
+    env_class, env_config = check_env_fields(cfg)
+    return Checked(settings, env_class, env_config)
+
+
+def check_capture_setting(settings: TrainSettings, env_class: Any) -> None:
+    """Refuse ``capture=true`` for an env that declares itself not capturable."""
     if settings.capture is True and not getattr(env_class, "capturable", True):
         note = getattr(env_class, "capture_note", "") or "it declares capturable = False"
         raise ConfigError(
             f"capture: env '{env_class.name}' cannot be captured ({note}); accepted: capture=auto or false"
         )
-    clip, nonfinite, adjoint = build_clip(cfg)
-    return Run(
-        env=None,
-        loss=loss,
-        optimizer=_instantiate(cfg, "optim"),
-        clip=clip,
-        adjoint=adjoint,
-        nonfinite=nonfinite,
-        schedule=_instantiate(cfg, "schedule") if cfg.get("schedule") is not None else None,
-        settings=settings,
-        task=task,
-        segment_steps=steps,
-    )
-
-
-_PREBUILT: dict[tuple[str, str | None, int | None], Any] = {}
-"""The env the command line's early check built (:func:`precheck`), by (resolved env
-config, device, ``memory.segment_steps``), handed once to the run's :func:`build_run`."""
 
 
 def segment_steps(cfg: DictConfig, env_class: Any, env_config: Any) -> int | None:
@@ -292,8 +280,6 @@ def segment_steps(cfg: DictConfig, env_class: Any, env_config: Any) -> int | Non
         ConfigError: One line: not null, auto or an integer in ``[1, env.horizon]``, or an env
             that cannot run in segments.
     """
-    from harness.memory import resolve_segment_steps
-
     value = (cfg.get("memory") or {}).get("segment_steps")
     try:
         steps = resolve_segment_steps(value, env_config.horizon)
@@ -308,48 +294,7 @@ def segment_steps(cfg: DictConfig, env_class: Any, env_config: Any) -> int | Non
     return steps
 
 
-def build_env(
-    cfg: DictConfig, device: str | None, steps: int | None = None, task: Any = None, *, evaluation: bool = False
-) -> Any:
-    """Build the env of ``cfg`` (this compiles its kernels), in segments of ``steps`` steps
-    when given (``Run.segment_steps``, from :func:`validate`), with the config ``task``
-    trains on when given (:meth:`harness.tasks.Task.training_config`), or evaluates on
-    with ``evaluation`` (:meth:`harness.tasks.Task.evaluation_config`).
-
-    Raises:
-        ConfigError: One line when the env's own code raises while building.
-    """
-    env_class, env_config = check_env_fields(cfg)
-    if task is not None:
-        env_config = task.evaluation_config(env_config) if evaluation else task.training_config(env_config)
-    try:
-        return env_class(env_config, device=device, **({"segment_steps": steps} if steps is not None else {}))
-    except Exception as exc:
-        raise ConfigError(
-            f"env: building {env_class.__module__}.{env_class.__qualname__} failed: "
-            f"{type(exc).__name__}: {_first_line(exc)}"
-        ) from None
-
-
-def _env_key(cfg: DictConfig, run: Run) -> tuple[str, str | None, int | None]:
-    return OmegaConf.to_yaml(cfg.env, resolve=True), run.settings.device, run.segment_steps
-
-
-def build_run(cfg: DictConfig, choices: Mapping[str, Any], *, evaluation: bool = False) -> Run:
-    """Validate the whole config, then build the env (this compiles its kernels), or take
-    the one :func:`precheck` built for this very env config and device. ``evaluation``
-    builds the env a run is evaluated on (a windowed policy's whole episode)."""
-    run = validate(cfg, choices)
-    if evaluation:
-        run.env = build_env(cfg, run.settings.device, None, run.task, evaluation=True)
-        return run
-    run.env = _PREBUILT.pop(_env_key(cfg, run), None) or build_env(
-        cfg, run.settings.device, run.segment_steps, run.task
-    )
-    return run
-
-
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -363,7 +308,7 @@ def _explain_override(config_name: str, overrides: list[str], exc: BaseException
     first line."""
     found = _NOT_OVERRIDABLE.match(str(exc))
     if not found:
-        return _first_line(exc)
+        return first_line(exc)
     key = found.group(1)
     text = next((o for o in overrides if o.split("=", 1)[0] == key), None)
     value = text.split("=", 1)[1] if text is not None and "=" in text else "NAME"
@@ -373,11 +318,11 @@ def _explain_override(config_name: str, overrides: list[str], exc: BaseException
     try:
         base, _ = compose_config(config_name, [o for o in overrides if o is not text])
     except Exception:  # the rest of the command line does not compose either: Hydra's own words
-        return _first_line(exc)
+        return first_line(exc)
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(base, parent) if parent else base
     if not isinstance(node, DictConfig):
-        return _first_line(exc)
+        return first_line(exc)
     accepted = sorted({str(k) for k in node.keys()} | (set(known) if not parent else set()))
     close = difflib.get_close_matches(leaf, accepted, n=1)
     hint = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
@@ -396,7 +341,7 @@ def _check_choice(group: str, value: Any, overrides: list[str]) -> None:
             raise ConfigError(f"{group}: '{v}' is not an option; accepted: {', '.join(options)}")
 
 
-def _check_writable(field: str, folder: Path) -> None:
+def check_writable(field: str, folder: Path) -> None:
     probe = folder
     while not probe.exists():
         probe = probe.parent
@@ -526,7 +471,7 @@ def compose_command(
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as exc:
-        raise ConfigError(f"overrides: {_first_line(exc)}") from None
+        raise ConfigError(f"overrides: {first_line(exc)}") from None
     known = groups()
     for o in parsed:
         if o.key_or_group in known and not o.is_delete():
@@ -538,41 +483,6 @@ def compose_command(
     except HydraException as exc:
         raise ConfigError(_explain_override(config_name, shared, exc)) from None
     return cfg, choices, parsed
-
-
-def precheck(config_name: str, args: list[str]) -> Path | None:
-    """Validate a command line before Hydra creates any folder.
-
-    Checks the override syntax, every config-group choice, composes the config (with
-    only the values shared by all jobs in a multirun), validates it, checks that the
-    output folder can be written and that a checkpoint to resume from fits this run, all
-    before any kernel compiles. Then, for a single run, builds the env (kept for the run:
-    :func:`build_env`), so a user's env that raises while building writes nothing either.
-    Raises :class:`ConfigError` with one line.
-
-    Returns:
-        The run folder a ``resume=<path>`` continues in, else None.
-    """
-    multirun = any(a in ("-m", "--multirun") for a in args)
-    overrides = [a for a in args if not a.startswith("-")]
-    cfg, choices, parsed = compose_command(config_name, overrides, multirun=multirun)
-    run = validate(cfg, choices)
-    given = {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
-    field = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    default_root = "multirun" if multirun else "outputs"
-    _check_writable(field, Path(str(given.get(field, default_root))))
-    resume = cfg.get("resume")
-    if multirun:
-        if resume not in (None, "auto"):
-            raise ConfigError(
-                "resume: a checkpoint path cannot be shared by the jobs of a multirun; accepted: null, auto"
-            )
-        return None
-    folder = None if resume is None else _check_checkpoint(str(resume), given.get("hydra.run.dir"), cfg, choices)
-    _PREBUILT.clear()
-    # a failure while building writes nothing
-    _PREBUILT[_env_key(cfg, run)] = build_env(cfg, run.settings.device, run.segment_steps, run.task)
-    return folder
 
 
 RESUME_MAY_CHANGE = ("iterations", "log_every", "plot_every", "checkpoint", "device", "capture", "resume", "memory")
@@ -589,56 +499,24 @@ def _first_difference(saved: Any, current: Any, path: str) -> tuple[str, Any, An
     return None if saved == current else (path, saved, current)
 
 
-def _check_checkpoint(resume: str, run_dir: Any, cfg: DictConfig, choices: Mapping[str, Any]) -> Path | None:
-    """Verify the checkpoint a resume would read before anything runs.
+RENAMED_TARGETS = {"harness.clip.chain": "harness.clip.chain_clips"}
+"""``_target_`` paths that changed: a saved config (a checkpoint's, a user's config file) may
+still hold the old one. A checkpoint's is read under the new name; a config file's is refused
+with a one-line hint (:func:`renamed_target`)."""
 
-    Checks the file (checksum), that it belongs to this problem (env, parameter shapes,
-    every config value except :data:`RESUME_MAY_CHANGE`) and that ``iterations`` reaches
-    it. Returns the run folder a ``resume=<path>`` continues in (None for ``auto``).
-    """
 
-    from harness import checkpoint
+def renamed_target(target: Any) -> str | None:
+    """The current name of a renamed ``_target_``, or None when ``target`` was not renamed."""
+    return RENAMED_TARGETS.get(target) if isinstance(target, str) else None
 
-    if resume == "auto" and run_dir is None:
-        return None  # a fresh Hydra folder has no checkpoint: auto starts from scratch
-    try:
-        path = checkpoint.resolve(resume, Path(str(run_dir)) if run_dir is not None else Path("."))
-        if path is None:
-            return None
-        saved = checkpoint.load(path)
-    except checkpoint.CheckpointError as exc:
-        raise ConfigError(str(exc)) from None
-    path = path.absolute()
-    run_folder = None
-    if resume != "auto":
-        if path.parent.name != "checkpoints":
-            raise ConfigError(
-                f"resume: '{path}' is not inside a run's checkpoints/ folder; "
-                "accepted: auto, a run folder or <run>/checkpoints/ckpt_*.hckpt"
-            )
-        run_folder = path.parent.parent
-        if run_dir is not None and Path(str(run_dir)).resolve() != run_folder.resolve():
-            raise ConfigError(
-                f"resume: '{path}' belongs to run folder '{run_folder}'; drop hydra.run.dir or set it to that folder"
-            )
-    env_class, env_config = check_env_fields(cfg)
-    task = _instantiate(cfg, "task")
-    try:
-        task.check_env(env_class.name, env_config)
-    except ValueError as exc:
-        raise ConfigError(_first_line(exc)) from None
-    try:
-        checkpoint.check_fits(
-            saved,
-            path,
-            env=env_class.name,
-            shapes=task.parameter_shapes(env_config),
-            iterations=cfg.iterations,
-        )
-    except checkpoint.CheckpointError as exc:
-        raise ConfigError(str(exc)) from None
-    check_saved_config(saved, cfg, path)
-    return run_folder
+
+def _current_targets(node: Any) -> Any:
+    """A saved config with every renamed ``_target_`` under its current name."""
+    if isinstance(node, dict):
+        return {k: (renamed_target(v) or v) if k == "_target_" else _current_targets(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_current_targets(v) for v in node]
+    return node
 
 
 def check_saved_config(saved: Any, cfg: DictConfig, path: Path) -> None:
@@ -647,7 +525,7 @@ def check_saved_config(saved: Any, cfg: DictConfig, path: Path) -> None:
 
     if "config" not in saved.meta:
         return
-    before = yaml.safe_load(saved.meta["config"])
+    before = _current_targets(yaml.safe_load(saved.meta["config"]))
     now = OmegaConf.to_container(cfg, resolve=True)
     for key in RESUME_MAY_CHANGE:
         before.pop(key, None)

@@ -1,24 +1,37 @@
-"""The environment interface the harness talks to, and the capture contract it must keep.
+"""The environment interface the harness talks to: a small core, optional roles, and the
+capture contract every env keeps.
 
 An environment owns a simulation and nothing else: it never sees an optimizer, a clip
 policy, a logger, or what is trained. It describes itself through its config schema
 (:class:`EnvConfig`, a dataclass from which the checks, the observables' widths, the
-action width and the physical quantities' shapes all follow, without building anything),
-and runs one step at a time:
+action width and the physical quantities' shapes all follow, without building anything).
+
+The core (:class:`Env`): what every env implements, and all an open-loop task needs.
 
 - :meth:`Env.reset` writes the initial state into state 0;
 - :meth:`Env.act` hands step ``t`` its action (when the env takes actions);
 - :meth:`Env.step` advances state ``t`` to state ``t + 1``;
-- :meth:`Env.record` writes the observables of state ``t + 1`` into row ``t``;
-- :meth:`Env.set_quantity` writes a named physical quantity (a mass, a rest length, an
-  initial velocity) from a parameter array into the simulation, differentiably;
-- :meth:`Env.observe` writes what a policy sees of state ``t`` (``task=policy``), and
-  :meth:`Env.draw_initial` draws fresh initial states on the device.
+- :meth:`Env.write_observables` writes the observables a loss reads of state ``t + 1`` into row ``t``;
+- :meth:`Env.trajectory` returns them; :meth:`Env.zero_grad` zeroes every gradient the env owns.
+
+Roles: what a task may ask for besides the core. An env plays a role by subclassing it
+(``class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Segmentable)``); a task lists the
+roles it needs (:attr:`harness.tasks.Task.roles`) and a run whose env lacks one stops in one
+line naming it, before anything is built.
+
+- :class:`PolicyEnv`: :meth:`~PolicyEnv.observe` writes what a policy sees (``task=policy``, ``task=shac``);
+- :class:`DrawsStarts`: :meth:`~DrawsStarts.draw_initial` draws fresh initial states on the device;
+- :class:`CarriesState`: a rollout continues from where the last one ended (windows);
+- :class:`Restarts`: worlds whose episode ended start a fresh one inside a rollout (SHAC);
+- :class:`Segmentable`: save and restore what a segment needs (``memory.segment_steps``);
+- :class:`Identifiable`: named physical quantities a task trains or fits (``physical``,
+  ``initial``, ``sysid``, ``harness record``);
+- :class:`Renderable`: a Newton model and its State after every step (``harness render``).
 
 What is trained is the task's choice (:mod:`harness.tasks`): the actions of every step
 (open loop), a policy's weights, or named quantities. :func:`harness.tasks.rollout` drives
 the steps. Concrete envs live outside this package (``envs/`` in this repository, or a
-user's own module); ``harness`` never imports them.
+user's own module); ``harness`` never imports them. docs/envs.md shows the smallest env.
 
 The capture contract
 --------------------
@@ -26,8 +39,8 @@ A training iteration is recorded once into a graph (``wp.ScopedCapture``, on the
 on CUDA) and replayed with ``wp.capture_launch`` for every later iteration. Replay
 re-runs the recorded launches with the arguments they had when recorded, so an env
 whose :attr:`Env.capturable` is True promises, for every method a rollout calls
-(:meth:`~Env.reset`, :meth:`~Env.act`, :meth:`~Env.step`, :meth:`~Env.record`,
-:meth:`~Env.set_quantity`, :meth:`~Env.trajectory`) and :meth:`~Env.zero_grad`:
+(:meth:`~Env.reset`, :meth:`~Env.act`, :meth:`~Env.step`, :meth:`~Env.write_observables`,
+the roles' methods, :meth:`~Env.trajectory`) and :meth:`~Env.zero_grad`:
 
 1. **Same arrays every call.** Every launch, copy and memset reads and writes arrays
    allocated before the first rollout; the same call touches the same arrays each time.
@@ -53,13 +66,11 @@ steps: the env keeps the states of one segment only (K + 1 of them, reused by ev
 segment) and a saved copy of the state at every segment start. Backward runs segment by
 segment from the last, re-running each segment's forward under its own tape from its saved
 start state and carrying the state's adjoint into the previous segment. An env that can do
-this sets :attr:`Env.segmentable` and implements :meth:`~Env.begin_segment`,
-:meth:`~Env.end_segment`, :meth:`~Env.zero_segment_grad`, :meth:`~Env.save_adjoint`,
-:meth:`~Env.load_adjoint`, :meth:`~Env.stash_accumulated_grad` and
-:meth:`~Env.restore_accumulated_grad`; :class:`harness.newton_env.NewtonEnv` does it generically for
-Newton ``State`` objects (every array of the State is saved and every gradient carried).
-Arrays the env keeps per step (a per-step scratch copy, a per-step control) are indexed
-by the step's slot in its segment (:meth:`~harness.newton_env.NewtonEnv.slot`).
+this plays :class:`Segmentable`; :class:`harness.newton_env.NewtonEnv` implements it
+generically for Newton ``State`` objects (every array of the State is saved and every
+gradient carried), and a subclass whose per-step arrays (a per-step scratch copy, a
+per-step control) are indexed by the step's slot in its segment
+(:meth:`~harness.newton_env.NewtonEnv.slot`) lists :class:`Segmentable` among its bases.
 """
 
 from __future__ import annotations
@@ -77,9 +88,17 @@ from harness import schema
 from harness.schema import field
 
 __all__ = [
+    "ROLES",
+    "CarriesState",
+    "DrawsStarts",
     "Env",
     "EnvConfig",
+    "Identifiable",
+    "PolicyEnv",
     "Quantity",
+    "Renderable",
+    "Restarts",
+    "Segmentable",
     "StepHook",
     "Trajectory",
     "array_grads",
@@ -170,13 +189,14 @@ class EnvConfig:
 
 
 class Env(abc.ABC):
-    """A differentiable simulation, stepped by the harness.
+    """A differentiable simulation, stepped by the harness: the core every env implements.
 
     Args:
         config: The env's ``Config``; or its fields as keyword arguments (what Hydra's
             ``instantiate`` passes from ``configs/env/<name>.yaml``), checked against the
             schema with one-line errors.
         device: Warp device.
+        segment_steps: Steps per segment (an env that plays :class:`Segmentable`), or None.
 
     Attributes:
         name: The env's identity: recorded in checkpoints, shown in logs.
@@ -186,8 +206,7 @@ class Env(abc.ABC):
         dt: Simulation time step [s] (set by the env).
         capturable: Whether the rollout keeps the capture contract (module docstring).
         capture_note: Why an env is not capturable.
-        segmentable: Whether the env can run a rollout in segments (module docstring).
-        segment_note: Why an env cannot.
+        segment_note: Why an env cannot run in segments (one that does not play :class:`Segmentable`).
         segment_steps: Steps per segment, or None (one segment: the whole horizon).
     """
 
@@ -195,9 +214,15 @@ class Env(abc.ABC):
     Config: ClassVar[type[EnvConfig]] = EnvConfig
     capturable: ClassVar[bool] = True
     capture_note: ClassVar[str] = ""
-    segmentable: ClassVar[bool] = False
-    segment_note: ClassVar[str] = "it does not implement saving and restoring its state (harness.env)"
+    segment_note: ClassVar[str] = "it does not play the role Segmentable (harness.env)"
     dt: float
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "record" in vars(cls) and "write_observables" not in vars(cls):
+            raise TypeError(
+                f"{cls.__qualname__}.record: Env.record(t) is now Env.write_observables(t) (harness.env); rename it"
+            )
 
     def __init__(
         self,
@@ -228,7 +253,7 @@ class Env(abc.ABC):
     @classmethod
     def segment_blocker(cls, config: EnvConfig) -> str | None:
         """Why this env, with this config, cannot run in segments; None when it can."""
-        return None if cls.segmentable else cls.segment_note
+        return None if issubclass(cls, Segmentable) else cls.segment_note
 
     # -- what the env offers, from its config -----------------------------------------
 
@@ -266,103 +291,31 @@ class Env(abc.ABC):
         """Advance state ``t`` to state ``t + 1``."""
 
     @abc.abstractmethod
-    def record(self, t: int) -> None:
-        """Write the requested observables of state ``t + 1`` (step ``t``'s result)."""
+    def write_observables(self, t: int) -> None:
+        """Write the requested observables of state ``t + 1`` (step ``t``'s result) into row ``t``."""
 
     @abc.abstractmethod
     def trajectory(self) -> Trajectory:
         """The requested observables of the latest rollout (device arrays the env owns)."""
 
     @abc.abstractmethod
-    def state_arrays(self, t: int) -> list[wp.array]:
-        """The differentiable arrays of state ``t`` as per-world views ``(world_count, k)``."""
-
-    def observe(self, t: int, out: wp.array) -> None:
-        """Write the observation of state ``t`` into ``out``, float32 ``(world_count,
-        observation_dim)`` (a recorded launch, so a policy's gradient reaches the state)."""
-        raise NotImplementedError(f"env '{self.name}' offers no observation")
-
-    def draw_initial(self, key: wp.array) -> None:
-        """Overwrite the initial state of every world with a fresh draw from the env's
-        distribution of initial conditions, on the device: seeded by the env's seed and
-        ``key[0]`` (an int32 device array, e.g. the iteration counter), so a captured graph
-        draws anew at every replay and a resumed run draws what it would have drawn."""
-        raise NotImplementedError(f"env '{self.name}' cannot draw initial states")
-
-    def initial_state(self) -> dict[str, wp.array]:
-        """The arrays :meth:`reset` copies into state 0, by field (``record`` saves them per
-        world, ``task=sysid`` writes a recording's into them)."""
-        raise NotImplementedError(f"env '{self.name}' does not expose its initial state")
-
-    def keep_built_initial(self) -> None:  # noqa: B027  (nothing to keep unless the env draws or carries)
-        """Keep the initial state as built, once, before :meth:`draw_initial` or :meth:`carry_final`
-        first replaces it (what :meth:`restore_initial` puts back)."""
-
-    def restore_initial(self) -> None:  # noqa: B027  (nothing to restore unless drawn or carried)
-        """Put back the initial state the env was built with, after :meth:`draw_initial` or
-        :meth:`carry_final` replaced it (evaluation starts from the env's own states)."""
-
-    def keep_final(self) -> None:
-        """Keep a copy of the rollout's last state (values only), for :meth:`carry_final`."""
-        raise NotImplementedError(f"env '{self.name}' cannot carry its state between rollouts")
-
-    def carry_final(self, carry: wp.array) -> None:
-        """Where ``carry[0]`` is 1, make the kept last state the initial state of the next
-        rollout (a truncated window continues the episode); where 0 leave the initial state."""
-        raise NotImplementedError(f"env '{self.name}' cannot carry its state between rollouts")
-
-    def carried(self) -> dict[str, wp.array]:
-        """The arrays :meth:`keep_final` writes (what a checkpoint must hold to resume mid-episode)."""
-        return {}
-
-    def set_quantity(self, name: str, value: wp.array) -> None:
-        """Write a physical quantity from ``value`` (shape and dtype of :attr:`quantities`) into the simulation."""
-        raise KeyError(f"env '{self.name}' has no quantity '{name}'")
-
-    def quantity_value(self, name: str) -> np.ndarray:
-        """The quantity's value as the env was built (the start point of training), whatever
-        :meth:`set_quantity` wrote since."""
-        raise KeyError(f"env '{self.name}' has no quantity '{name}'")
-
-    @abc.abstractmethod
     def zero_grad(self) -> None:
         """Zero the gradient of every array the env owns (states, controls, scratch, model)."""
 
-    # -- segments (only called when segment_steps is set) ---------------------------------
+    def state_arrays(self, t: int) -> list[wp.array]:
+        """The differentiable arrays of state ``t`` as per-world views ``(world_count, k)``: what
+        the in-backward adjoint clip (``clip.adjoint``) sees between steps."""
+        raise NotImplementedError(f"env '{self.name}' does not expose its state arrays (clip.adjoint needs them)")
 
-    def begin_segment(self, start: int, *, restore: bool) -> None:
-        """Make the following steps ``start, start + 1, ...`` use the segment's storage, state
-        ``start`` first; with ``restore``, copy the state saved by :meth:`end_segment` at
-        ``start`` into it (outside any tape)."""
-        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
+    def keep_built_initial(self) -> None:  # noqa: B027  (nothing to keep unless the env draws or carries)
+        """Keep the initial state as built, once, before a draw (:class:`DrawsStarts`) or a
+        carry (:class:`CarriesState`) first replaces it (what :meth:`restore_initial` puts back)."""
 
-    def end_segment(self, end: int) -> None:
-        """Save state ``end`` (the next segment's start) for :meth:`begin_segment`."""
-        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
+    def restore_initial(self) -> None:  # noqa: B027  (nothing to restore unless drawn or carried)
+        """Put back the initial state the env was built with, after a draw or a carry replaced
+        it (evaluation starts from the env's own states)."""
 
-    def zero_segment_grad(self) -> None:
-        """Zero the gradients of the segment's storage (its states and per-step arrays), not
-        those that accumulate over the whole rollout (model, inputs, observables)."""
-        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
-
-    def save_adjoint(self, t: int) -> None:
-        """Keep the adjoint (gradient) of state ``t``, the current segment's first state."""
-        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
-
-    def load_adjoint(self, t: int) -> None:
-        """Write the kept adjoint into the gradient of state ``t``, the current segment's last state."""
-        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
-
-    def stash_accumulated_grad(self) -> None:
-        """Keep a copy of the gradients that accumulate over the whole rollout and that the
-        task's ``begin`` may write into (the model's, the initial state's): re-running
-        segment 0 under a tape re-runs ``begin``, whose ``wp.copy`` also copies the source's
-        gradient into the destination's (Warp does that in the forward pass)."""
-        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
-
-    def restore_accumulated_grad(self) -> None:
-        """Put back what :meth:`stash_accumulated_grad` kept."""
-        raise NotImplementedError(f"env '{self.name}' cannot run in segments")
+    # -- what a run reports --------------------------------------------------------------
 
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
         """Physical figures of a rollout worth reporting (host values); empty by default."""
@@ -372,6 +325,149 @@ class Env(abc.ABC):
         """Names of an observable's components for plots (``harness render``), by observable,
         e.g. ``{"joint_q": ["cart position [m]", ...]}``; empty by default."""
         return {}
+
+
+# -- roles --------------------------------------------------------------------------------------
+
+
+class PolicyEnv(abc.ABC):
+    """Role: what a policy sees (``task=policy``, ``task=shac``); the config gives its width,
+    :meth:`EnvConfig.observation_dim`, and the env takes actions."""
+
+    summary: ClassVar[str] = "observe(t, out): what a policy sees of state t"
+
+    @abc.abstractmethod
+    def observe(self, t: int, out: wp.array) -> None:
+        """Write the observation of state ``t`` into ``out``, float32 ``(world_count,
+        observation_dim)`` (a recorded launch, so a policy's gradient reaches the state)."""
+
+
+class DrawsStarts(abc.ABC):
+    """Role: fresh initial states drawn on the device (training over many starts)."""
+
+    summary: ClassVar[str] = "draw_initial(key): fresh initial states drawn on the device"
+
+    @abc.abstractmethod
+    def draw_initial(self, key: wp.array) -> None:
+        """Overwrite the initial state of every world with a fresh draw from the env's
+        distribution of initial conditions, on the device: seeded by the env's seed and
+        ``key[0]`` (an int32 device array, e.g. the iteration counter), so a captured graph
+        draws anew at every replay and a resumed run draws what it would have drawn. Call
+        :meth:`Env.keep_built_initial` first."""
+
+
+class CarriesState(abc.ABC):
+    """Role: a rollout continues from where the previous one ended (training in windows)."""
+
+    summary: ClassVar[str] = "keep_final/carry_final: a rollout continues where the last one ended"
+
+    @abc.abstractmethod
+    def keep_final(self) -> None:
+        """Keep a copy of the rollout's last state (values only), for :meth:`carry_final`."""
+
+    @abc.abstractmethod
+    def carry_final(self, carry: wp.array) -> None:
+        """Where ``carry[0]`` is 1, make the kept last state the initial state of the next
+        rollout (a truncated window continues the episode); where 0 leave the initial state."""
+
+    @abc.abstractmethod
+    def carried(self) -> dict[str, wp.array]:
+        """The arrays :meth:`keep_final` writes (what a checkpoint must hold to resume mid-episode)."""
+
+
+class Restarts(abc.ABC):
+    """Role: worlds whose episode ended start a fresh one inside a rollout, with the gradient cut
+    there (SHAC's windows run across episode ends)."""
+
+    summary: ClassVar[str] = "restart(t, done, key): worlds whose episode ended start anew inside a rollout"
+
+    @abc.abstractmethod
+    def enable_restarts(self) -> None:
+        """Prepare the storage restarts need (before the first rollout)."""
+
+    @abc.abstractmethod
+    def restart(self, t: int, done: wp.array, key: wp.array) -> None:
+        """After step ``t - 1`` (before step ``t`` reads state ``t``): every world whose
+        ``done[w]`` (int32 ``(world_count,)``) is 1 continues from a fresh draw (seeded by
+        ``key[0]``, :class:`DrawsStarts`) instead of state ``t``; no gradient flows from what
+        follows into the ended episode. Worlds with ``done[w] == 0`` go on unchanged."""
+
+
+class Segmentable(abc.ABC):
+    """Role: a rollout in segments, backward segment by segment (``memory.segment_steps``)."""
+
+    summary: ClassVar[str] = "segments: save and restore a segment's state (memory.segment_steps)"
+
+    @abc.abstractmethod
+    def begin_segment(self, start: int, *, restore: bool) -> None:
+        """Make the following steps ``start, start + 1, ...`` use the segment's storage, state
+        ``start`` first; with ``restore``, copy the state saved by :meth:`end_segment` at
+        ``start`` into it (outside any tape)."""
+
+    @abc.abstractmethod
+    def end_segment(self, end: int) -> None:
+        """Save state ``end`` (the next segment's start) for :meth:`begin_segment`."""
+
+    @abc.abstractmethod
+    def zero_segment_grad(self) -> None:
+        """Zero the gradients of the segment's storage (its states and per-step arrays), not
+        those that accumulate over the whole rollout (model, inputs, observables)."""
+
+    @abc.abstractmethod
+    def save_adjoint(self, t: int) -> None:
+        """Keep the adjoint (gradient) of state ``t``, the current segment's first state."""
+
+    @abc.abstractmethod
+    def load_adjoint(self, t: int) -> None:
+        """Write the kept adjoint into the gradient of state ``t``, the current segment's last state."""
+
+    @abc.abstractmethod
+    def stash_accumulated_grad(self) -> None:
+        """Keep a copy of the gradients that accumulate over the whole rollout and that the
+        task's ``begin`` may write into (the model's, the initial state's): re-running
+        segment 0 under a tape re-runs ``begin``, whose ``wp.copy`` also copies the source's
+        gradient into the destination's (Warp does that in the forward pass)."""
+
+    @abc.abstractmethod
+    def restore_accumulated_grad(self) -> None:
+        """Put back what :meth:`stash_accumulated_grad` kept."""
+
+
+class Identifiable(abc.ABC):
+    """Role: named physical quantities (:meth:`EnvConfig.quantities`) a task trains or fits,
+    and the initial state a recording stores."""
+
+    summary: ClassVar[str] = "set_quantity/quantity_value/initial_state: named physical quantities"
+
+    @abc.abstractmethod
+    def set_quantity(self, name: str, value: wp.array) -> None:
+        """Write a physical quantity from ``value`` (shape and dtype of its :class:`Quantity`) into the simulation."""
+
+    @abc.abstractmethod
+    def quantity_value(self, name: str) -> np.ndarray:
+        """The quantity's value as the env was built (the start point of training), whatever
+        :meth:`set_quantity` wrote since."""
+
+    @abc.abstractmethod
+    def initial_state(self) -> dict[str, wp.array]:
+        """The arrays :meth:`Env.reset` copies into state 0, by field (``harness record`` saves
+        them per world, ``task=sysid`` writes a recording's into them)."""
+
+
+class Renderable(abc.ABC):
+    """Role: a Newton model and its State after every step (``harness render`` draws them)."""
+
+    summary: ClassVar[str] = "a Newton model and state(t) (harness render)"
+
+    model: Any
+
+    @abc.abstractmethod
+    def state(self, t: int) -> Any:
+        """The Newton ``State`` holding the simulation after ``t`` steps."""
+
+
+ROLES = (PolicyEnv, DrawsStarts, CarriesState, Restarts, Segmentable, Identifiable, Renderable)
+"""Every role an env may play, besides the core."""
 
 
 def array_grads(*owners: object) -> list[wp.array]:

@@ -19,7 +19,7 @@ from harness.env import Env
 from harness.losses import WeightedLoss
 from harness.params import ParamSet
 from harness.tasks import OpenLoop, Task, prepare, rollout
-from harness.training.step import record_rollout
+from harness.training.step import taped_rollout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +83,7 @@ def check_gradients(
     task = task or OpenLoop()
     params = prepare(env, task, loss, device=device)
 
-    tape, _, total = record_rollout(env, task, loss, params)
+    tape, _, total = taped_rollout(env, task, loss, params)
     tape.backward(total)
     grad = params.grad.numpy().astype(np.float64)
 

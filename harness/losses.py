@@ -7,7 +7,12 @@ count changes. Each term's weighted value is kept in its own entry of a device a
 (``term_values``) for logging; the total is a one-element device array that
 ``Tape.backward`` starts from.
 
-A new kind of term is one kernel plus one entry in ``TERM_KINDS``.
+A kind of term is a :class:`TermKind`: a ``wp.func`` giving the weighted penalty of one
+entry's difference from its target, from which the harness makes the kernels (the loss's
+term, and per step and world for tasks that need a cost per step, SHAC's rewards). The
+built-in kinds are ``quadratic`` and ``reference``; a kind of your own lives in your own
+module and is named in a loss config by its dotted path (``kind: my_terms.huber``), as an
+env is named by its ``_target_``, or registered by name with :func:`register_term_kind`.
 """
 
 from __future__ import annotations
@@ -24,26 +29,6 @@ from harness.schema import field
 
 
 @wp.kernel
-def _squared_difference_term(
-    x: wp.array3d(dtype=wp.float32),
-    first_step: int,
-    dim_weights: wp.array(dtype=wp.float32),
-    target: wp.array3d(dtype=wp.float32),
-    per_step: int,
-    scale: float,
-    term: int,
-    term_values: wp.array(dtype=wp.float32),
-):
-    """``scale * dim_weights[d] * (x - target)**2`` summed into ``term_values[term]``; the
-    target is one row ``(1, 1, dim)`` (``per_step`` 0) or a whole recorded trajectory
-    ``(steps, worlds, dim)`` (``per_step`` 1)."""
-    t, w, d = wp.tid()
-    step = first_step + t
-    diff = x[step, w, d] - target[step * per_step, w * per_step, d]
-    wp.atomic_add(term_values, term, scale * dim_weights[d] * diff * diff)
-
-
-@wp.kernel
 def _sum_terms(term_values: wp.array(dtype=wp.float32), term_count: int, total: wp.array(dtype=wp.float32)):
     acc = float(0.0)  # noqa: UP018  (a dynamic Warp variable, mutated in the loop)
     for k in range(term_count):
@@ -51,8 +36,125 @@ def _sum_terms(term_values: wp.array(dtype=wp.float32), term_count: int, total: 
     total[0] = acc
 
 
-TERM_KINDS = {"quadratic": _squared_difference_term, "reference": _squared_difference_term}
+def _term_kernel(penalty: Any) -> Any:
+    """The kernel adding ``sum penalty(scale * dim_weights[d], x - target)`` over the covered
+    steps, worlds and dimensions into ``term_values[term]``; the target is one row ``(1, 1,
+    dim)`` (``per_step`` 0) or a whole recorded trajectory ``(steps, worlds, dim)`` (``per_step`` 1)."""
+
+    @wp.kernel(module="unique")
+    def term_kernel(
+        x: wp.array3d(dtype=wp.float32),
+        first_step: int,
+        dim_weights: wp.array(dtype=wp.float32),
+        target: wp.array3d(dtype=wp.float32),
+        per_step: int,
+        scale: float,
+        term: int,
+        term_values: wp.array(dtype=wp.float32),
+    ):
+        t, w, d = wp.tid()
+        step = first_step + t
+        diff = x[step, w, d] - target[step * per_step, w * per_step, d]
+        wp.atomic_add(term_values, term, penalty(scale * dim_weights[d], diff))
+
+    return term_kernel
+
+
+def _step_cost_kernel(penalty: Any) -> Any:
+    """The kernel adding ``penalty(weight * dim_weights[d], x - target)`` of every step and
+    world into ``cost[t, w]`` (no average over steps and worlds)."""
+
+    @wp.kernel(module="unique")
+    def step_cost_kernel(
+        x: wp.array3d(dtype=wp.float32),
+        dim_weights: wp.array(dtype=wp.float32),
+        target: wp.array3d(dtype=wp.float32),
+        per_step: int,
+        weight: float,
+        cost: wp.array2d(dtype=wp.float32),
+    ):
+        t, w, d = wp.tid()
+        diff = x[t, w, d] - target[t * per_step, w * per_step, d]
+        wp.atomic_add(cost, t, w, penalty(weight * dim_weights[d], diff))
+
+    return step_cost_kernel
+
+
+class TermKind:
+    """A kind of loss term (module docstring).
+
+    Args:
+        name: How configs name it when registered (``quadratic``); a kind of your own is named
+            by its dotted path instead (``my_terms.huber``).
+        penalty: A ``wp.func`` ``(weight: float, diff: float) -> float``: the weighted penalty of
+            one entry whose difference from its target is ``diff`` (quadratic: ``weight * diff * diff``).
+            Differentiable in ``diff``; the harness sums it over steps, worlds and dimensions.
+        reference: The target is a recorded trajectory (``task=sysid`` supplies it) instead of
+            the term's fixed ``target``.
+        doc: One line: what it computes.
+    """
+
+    def __init__(self, name: str, penalty: Any, *, reference: bool = False, doc: str = ""):
+        if not isinstance(penalty, wp.Function):
+            raise TypeError(f"TermKind '{name}': penalty must be a wp.func (weight: float, diff: float) -> float")
+        self.name, self.penalty, self.reference, self.doc = name, penalty, reference, doc
+        self._kernels: dict[str, Any] = {}
+
+    def kernel(self, which: str) -> Any:
+        """The kernel of the loss's term (``term``) or of the cost per step (``step_cost``), made once."""
+        if which not in self._kernels:
+            self._kernels[which] = (_term_kernel if which == "term" else _step_cost_kernel)(self.penalty)
+        return self._kernels[which]
+
+    def __repr__(self) -> str:
+        return f"TermKind({self.name!r})"
+
+
+@wp.func
+def _quadratic(weight: float, diff: float) -> float:
+    return weight * diff * diff
+
+
+TERM_KINDS: dict[str, TermKind] = {}
+"""Kinds by the name a config may use without a dotted path."""
+
+
+def register_term_kind(kind: TermKind) -> TermKind:
+    """Make ``kind`` available by its name (``kind: <name>`` in a loss config); returns it."""
+    if not isinstance(kind, TermKind):
+        raise TypeError(f"register_term_kind: expected a harness.losses.TermKind, got {type(kind).__name__}")
+    TERM_KINDS[kind.name] = kind
+    return kind
+
+
+register_term_kind(TermKind("quadratic", _quadratic, doc="weight * (x - target)^2"))
+register_term_kind(TermKind("reference", _quadratic, reference=True, doc="weight * (x - recorded x)^2"))
+
 STEP_MODES = ("all", "last")
+
+
+def term_kind(name: str, field: str) -> TermKind:
+    """The kind a config names: a registered name, or the dotted path of a :class:`TermKind`
+    object in an importable module (checked to be one before it is used).
+
+    Raises:
+        ValueError: One line naming ``field`` and what is accepted.
+    """
+    if name in TERM_KINDS:
+        return TERM_KINDS[name]
+    accepted = f"accepted: {', '.join(TERM_KINDS)}, or module.name of a harness.losses.TermKind"
+    module_name, _, attribute = str(name).rpartition(".")
+    if not module_name:
+        raise ValueError(f"{field}: '{name}' is not a term kind; {accepted}")
+    import importlib
+
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except Exception as exc:  # noqa: BLE001  (a user's module: any import error is one line)
+        raise ValueError(f"{field}: cannot import '{name}' ({type(exc).__name__}: {exc}); {accepted}") from None
+    if not isinstance(found, TermKind):
+        raise ValueError(f"{field}: '{name}' is a {type(found).__name__}, not a harness.losses.TermKind; {accepted}")
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +168,8 @@ class LossTerm:
         kind: ``quadratic``: mean over the covered steps and worlds of
             ``sum_d dim_weights[d] * (x[t, w, d] - target[d])**2``; ``reference``: the same
             with a recorded trajectory ``reference[t, w, d]`` in place of ``target[d]``
-            (``task=sysid`` supplies it, :meth:`WeightedLoss.set_reference`).
+            (``task=sysid`` supplies it, :meth:`WeightedLoss.set_reference`); or another
+            :class:`TermKind`'s penalty in place of the square (:func:`term_kind`).
         dim_weights: Per-dimension weights; all ones if empty.
         target: Per-dimension target values; zeros if empty.
         steps: ``all`` (running cost over the whole horizon) or ``last`` (final step only).
@@ -75,7 +178,7 @@ class LossTerm:
     name: str = field()
     source: str = field()
     weight: float = field(1.0, minimum=0.0)
-    kind: str = field("quadratic", choices=tuple(TERM_KINDS))
+    kind: str = field("quadratic")
     dim_weights: tuple[float, ...] | None = field(())
     target: tuple[float, ...] | None = field(())
     steps: str = field("all", choices=STEP_MODES)
@@ -99,6 +202,7 @@ class WeightedLoss:
         if not built:
             raise ValueError("loss.terms: at least one term is needed")
         self.terms = built
+        self.kinds = [term_kind(t.kind, f"loss.terms.{t.name}.kind") for t in built]
         self._bound = False
         self._references: dict[str, wp.array] = {}
 
@@ -151,7 +255,7 @@ class WeightedLoss:
     @property
     def reference_terms(self) -> list[LossTerm]:
         """The terms that compare with a recorded trajectory (kind ``reference``)."""
-        return [t for t in self.terms if t.kind == "reference"]
+        return [t for t, kind in zip(self.terms, self.kinds, strict=True) if kind.reference]
 
     def set_reference(self, name: str, reference: wp.array) -> None:
         """The recorded trajectory term ``name`` compares with, float32 ``(steps, worlds, dim)``
@@ -168,12 +272,12 @@ class WeightedLoss:
         """Record the loss of a trajectory; returns the one-element total (call :meth:`zero` first)."""
         if not self._bound:
             raise RuntimeError("WeightedLoss.bind() must be called before evaluating the loss")
-        for k, term in enumerate(self.terms):
+        for k, (term, kind) in enumerate(zip(self.terms, self.kinds, strict=True)):
             x = trajectory[term.source]
             steps, worlds, dim = x.shape
             first = steps - 1 if term.steps == "last" else 0
             covered = steps - first
-            if term.kind == "reference":
+            if kind.reference:
                 target = self._references.get(term.name)
                 if target is None or tuple(target.shape) != (steps, worlds, dim):
                     raise RuntimeError(
@@ -183,14 +287,14 @@ class WeightedLoss:
             else:
                 target = self._targets[k]
             wp.launch(
-                TERM_KINDS[term.kind],
+                kind.kernel("term"),
                 dim=(covered, worlds, dim),
                 inputs=[
                     x,
                     first,
                     self._dim_weights[k],
                     target,
-                    int(term.kind == "reference"),
+                    int(kind.reference),
                     term.weight / (covered * worlds),
                     k,
                 ],

@@ -22,9 +22,9 @@ observables') is never zeroed between segments, and every adjoint reaches every 
 the order a full tape's backward would use, so the gradients are those of the full tape:
 bit for bit on the CPU (tests/test_memory.py). The price is one more forward pass. Peak
 memory is about K steps of tape and States plus ``horizon / K`` saved states, smallest near
-``K = sqrt(horizon)`` (``auto``); the classic analysis is Griewank and Walther, "Algorithm
-799: revolve", ACM TOMS 26(1), 2000, and Chen et al., "Training Deep Nets with Sublinear
-Memory Cost", arXiv:1604.06174 (2016).
+``K = sqrt(horizon)`` (``auto``, :func:`harness.config.auto_segment_steps`); the classic
+analysis is Griewank and Walther, "Algorithm 799: revolve", ACM TOMS 26(1), 2000, and Chen
+et al., "Training Deep Nets with Sublinear Memory Cost", arXiv:1604.06174 (2016).
 
 The whole segmented iteration is recorded into one captured graph like an unsegmented one
 (every segment's launches are the same at every iteration), so capture needs no device
@@ -33,7 +33,6 @@ segment index; the graph's size grows with the horizon (docs/memory.md).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import warp as wp
@@ -42,36 +41,7 @@ from harness.env import Env, Trajectory
 from harness.params import ParamSet
 from harness.tasks import Task, rollout, rollout_segment, segment_bounds
 
-__all__ = ["AUTO", "auto_segment_steps", "resolve_segment_steps", "segmented_forward_backward"]
-
-AUTO = "auto"
-"""``memory.segment_steps=auto``: :func:`auto_segment_steps` of the horizon."""
-
-
-def auto_segment_steps(horizon: int) -> int:
-    """About ``sqrt(horizon)`` steps per segment (at least 1): as many segments as steps in
-    one, which makes the saved states and one segment's tape about the same size."""
-    return max(1, round(math.sqrt(horizon)))
-
-
-def resolve_segment_steps(value: Any, horizon: int) -> int | None:
-    """``memory.segment_steps`` as steps per segment: None, ``auto`` or an integer in
-    ``[1, horizon]``.
-
-    Raises:
-        ValueError: One line naming ``memory.segment_steps`` and what is accepted.
-    """
-    if value is None:
-        return None
-    if value == AUTO:
-        return auto_segment_steps(horizon)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"memory.segment_steps: expected null, auto or an integer, got {value!r}")
-    if not 1 <= value <= horizon:
-        raise ValueError(
-            f"memory.segment_steps: {value} is outside [1, env.horizon={horizon}]; accepted: null, auto, 1 .. {horizon}"
-        )
-    return value
+__all__ = ["segmented_forward_backward"]
 
 
 def segmented_forward_backward(

@@ -11,12 +11,16 @@ new env writes only its scene, its solver, its observables and its quantities:
 - ``zero_grad`` zeroes the gradient of every array of the model, the solver and every
   State, and of what :meth:`NewtonEnv.extra_arrays` and :meth:`NewtonEnv.step_arrays` add;
 - observables requested with ``steps: last`` only are recorded once (one row);
+- the roles it can play for any Newton model: :class:`~harness.env.CarriesState` (the
+  last state kept and carried), :class:`~harness.env.Identifiable` (quantities of the
+  initial state, :attr:`NewtonEnv.initial_quantities`; a subclass adds its model's own),
+  :class:`~harness.env.Renderable` (the model and its States);
 - segments (``memory.segment_steps``, :mod:`harness.memory`): the States of one segment
   only, every array of the State (its attribute namespaces included, as ``State.assign``
   copies them) saved at each segment start and every gradient of the State carried
-  between segments, for any Newton ``State``. A subclass whose per-step
-  arrays are indexed by :meth:`NewtonEnv.slot` (and listed in :meth:`NewtonEnv.step_arrays`)
-  sets ``segmentable = True``.
+  between segments, for any Newton ``State``. A subclass whose per-step arrays are indexed
+  by :meth:`NewtonEnv.slot` (and listed in :meth:`NewtonEnv.step_arrays`) lists
+  :class:`~harness.env.Segmentable` among its bases.
 
 """
 
@@ -29,7 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 import warp as wp
 
-from harness.env import Env, EnvConfig, Trajectory, array_grads, host_rng
+from harness.env import CarriesState, Env, EnvConfig, Identifiable, Renderable, Trajectory, array_grads, host_rng
 from harness.schema import field
 
 __all__ = ["NewtonEnv", "NewtonEnvConfig", "finalize_worlds", "world_targets"]
@@ -72,10 +76,10 @@ def _carry_kernel(carry: wp.array(dtype=wp.int32), kept: wp.array(dtype=Any), in
         initial[i] = kept[i]
 
 
-class NewtonEnv(Env):
+class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
     """An env whose simulation is a Newton model stepped by a Newton solver.
 
-    Subclasses implement :meth:`build_model`, :meth:`build_solver` and :meth:`record`
+    Subclasses implement :meth:`build_model`, :meth:`build_solver` and :meth:`write_observables`
     (with :meth:`row` and :attr:`observed`), set :attr:`dt` and :attr:`state_fields`,
     and may override :meth:`control_at`, :meth:`contacts_at`, :meth:`extra_arrays`.
 
@@ -244,7 +248,7 @@ class NewtonEnv(Env):
             return 0
         return None
 
-    def record_offset(self, name: str, t: int, targets: wp.array, *, per_world: int, count: int) -> None:
+    def write_offset(self, name: str, t: int, targets: wp.array, *, per_world: int, count: int) -> None:
         """Record observable ``name`` at step ``t`` (when requested): the mean position of the
         first ``count`` particles of each world (``per_world`` particles apart) minus the
         world's target."""
@@ -259,14 +263,17 @@ class NewtonEnv(Env):
             )
 
     def quantity_value(self, name: str) -> np.ndarray:
+        """The value as built of a quantity of the initial state (:attr:`initial_quantities`); a
+        subclass with quantities of its model handles those and calls this for the rest."""
         if name in self._built_initial:
             return self._built_initial[name].copy()
-        return super().quantity_value(name)
+        raise KeyError(f"env '{self.name}' has no quantity '{name}'")
 
     def set_quantity(self, name: str, value: wp.array) -> None:
+        """Copy ``value`` into the initial state's field of a quantity of :attr:`initial_quantities`
+        (a recorded copy, so the gradient reaches ``value``); a subclass handles its model's."""
         if name not in self.initial_quantities:
-            super().set_quantity(name, value)
-            return
+            raise KeyError(f"env '{self.name}' has no quantity '{name}'")
         wp.copy(self.initial[self.initial_quantities[name]], value)
 
     def keep_final(self) -> None:

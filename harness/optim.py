@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from harness import schema
+from harness import schema, tags
 from harness.params import ParamSet, flat_view
 from harness.schema import field
 from harness.transform import Shared
@@ -141,6 +141,7 @@ class Optimizer:
     _advance: Callable[[State], None]
     _update: Callable[[_Segment, State], None]
     _tags: tuple[tuple[str, str], ...]
+    """``(statistic, state key)`` of the device scalars logged every step."""
     _eval_buffer: str | None = None
 
     @property
@@ -239,14 +240,18 @@ class Optimizer:
             views.append(flat_view(flat, offset, p.shape, p.dtype))
         return views
 
-    def scalars(self, state: State) -> dict[str, wp.array]:
-        """Device scalars to log every step, by TensorBoard tag.
+    def stats(self, state: State) -> dict[str, wp.array]:
+        """Device scalars to log every step, by statistic (:mod:`harness.tags`).
 
-        ``optim/lr`` is the learning rate the last step applied (for ScheduleFree, after its
-        warmup); ScheduleFree adds ``optim/avg_weight``, the weight ``c`` of the last step's
+        ``lr`` is the learning rate the last step applied (for ScheduleFree, after its
+        warmup); ScheduleFree adds ``avg_weight``, the weight ``c`` of the last step's
         ``x = (1 - c) x + c z``. Each value is a float32 ``(1,)`` array of ``state``.
         """
-        return {tag: state[key] for tag, key in self._tags}
+        return {stat: state[key] for stat, key in self._tags}
+
+    def scalars(self, state: State) -> dict[str, wp.array]:
+        """:meth:`stats` by the TensorBoard tag of a single-group run (``optim/lr``)."""
+        return {tags.optim(stat): array for stat, array in self.stats(state).items()}
 
 
 # --------------------------------------------------------------------------- validation
@@ -432,7 +437,7 @@ def sgd(
         _scalars=lambda device: {},
         _advance=advance,
         _update=update,
-        _tags=(("optim/lr", "lr"),),
+        _tags=((tags.LR, "lr"),),
     )
 
 
@@ -563,7 +568,7 @@ def _adam_family(
         _scalars=scalars,
         _advance=advance,
         _update=update,
-        _tags=(("optim/lr", "lr"),),
+        _tags=((tags.LR, "lr"),),
     )
 
 
@@ -791,7 +796,7 @@ def _schedulefree(
         _scalars=scalars,
         _advance=advance,
         _update=update,
-        _tags=(("optim/lr", "scheduled_lr"), ("optim/avg_weight", "avg_weight")),
+        _tags=((tags.LR, "scheduled_lr"), (tags.AVG_WEIGHT, "avg_weight")),
         _eval_buffer="x",
     )
 

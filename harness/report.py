@@ -1,4 +1,4 @@
-"""``python -m harness report SWEEP_DIR``: compare the jobs of a Hydra multirun.
+"""The sweep report (``python -m harness report SWEEP_DIR``): compare the jobs of a Hydra multirun.
 
 Reads every job folder of a sweep (the folders holding ``.hydra/overrides.yaml``): the
 overrides that differ between jobs are the swept values; ``summary.json`` gives the
@@ -32,6 +32,9 @@ from typing import Any
 import numpy as np
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from harness import tags
+from harness.runs import atomic_output
 
 DIVERGED_FACTOR = 2.0
 """A finished job whose final loss exceeds this multiple of its initial loss diverged."""
@@ -72,13 +75,13 @@ def _curves(job: Path) -> tuple[tuple[list[int], list[float]], float]:
         return ([], []), math.nan
     acc = EventAccumulator(str(job), size_guidance={"scalars": 0})
     acc.Reload()
-    tags = acc.Tags().get("scalars", [])
+    found = acc.Tags().get("scalars", [])
     curve: tuple[list[int], list[float]] = ([], [])
-    if "loss/total" in tags:
-        events = acc.Scalars("loss/total")
+    if tags.LOSS_TOTAL in found:
+        events = acc.Scalars(tags.LOSS_TOTAL)
         curve = ([e.step for e in events], [e.value for e in events])
     # grad/norm_pre: the tag's name in runs made before the tag groups were renamed
-    norm_tag = next((t for t in ("optim/grad_norm_pre", "grad/norm_pre") if t in tags), None)
+    norm_tag = next((t for t in (tags.optim(tags.GRAD_NORM_PRE), "grad/norm_pre") if t in found), None)
     norms = [e.value for e in acc.Scalars(norm_tag)] if norm_tag else []
     return curve, float(np.median(norms)) if norms else math.nan
 
@@ -210,7 +213,7 @@ def _by_value_table(keys: list[str], groups: list[GroupRow], sweep_dir: Path) ->
         ]
         for g, (mean, std, clipped, norm, diverged) in zip(groups, stats, strict=True)
     ]
-    with open(sweep_dir / "report_by_value.csv", "w", newline="") as f:
+    with atomic_output(sweep_dir / "report_by_value.csv") as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow([*keys, "seeds_done", "seeds", *fields])
         for g, values in zip(groups, stats, strict=True):
@@ -241,7 +244,7 @@ def report_sweep(sweep_dir: Path) -> str:
         ]
         for row in rows
     ]
-    with open(sweep_dir / "report.csv", "w", newline="") as f:
+    with atomic_output(sweep_dir / "report.csv") as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         columns = ["final_loss", "best_loss", "clipped_fraction", "nonfinite_steps", "wall_time_s", "status"]
         writer.writerow([*swept, *columns, "error", "folder"])
@@ -318,7 +321,7 @@ def _plot(rows: list[JobRow], swept: list[str], keys: list[str], groups: list[Gr
         ]  # fmt: skip
     curves.set_xlabel("iteration")
     curves.xaxis.set_major_locator(MaxNLocator(integer=True))
-    curves.set_ylabel("loss/total")
+    curves.set_ylabel(tags.LOSS_TOTAL)
     curves.set_title("loss curves")
     losses = [v for row in rows for v in row.curve[1]]
     if losses and min(losses) > 0:
@@ -366,5 +369,6 @@ def _plot(rows: list[JobRow], swept: list[str], keys: list[str], groups: list[Gr
         ax.set_title(f"{label} vs {key}")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)

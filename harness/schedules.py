@@ -40,7 +40,7 @@ from typing import Any
 
 import warp as wp
 
-from harness import schema
+from harness import schema, tags
 from harness.schema import field
 from harness.transform import Shared
 
@@ -203,9 +203,13 @@ class Schedule:
             device=step.device,
         )
 
+    def stats(self, state: State) -> dict[str, wp.array]:
+        """Device scalars to log every step, by statistic: ``lr_scale`` (float32 ``(1,)``)."""
+        return {tags.LR_SCALE: state["scale"]}
+
     def scalars(self, state: State) -> dict[str, wp.array]:
-        """Device scalars to log every step, by TensorBoard tag: ``optim/lr_scale`` (float32 ``(1,)``)."""
-        return {"optim/lr_scale": state["scale"]}
+        """:meth:`stats` by the TensorBoard tag of a single-group run (``optim/lr_scale``)."""
+        return {tags.optim(stat): array for stat, array in self.stats(state).items()}
 
     def read_reductions(self, state: State) -> tuple[int, str | None]:
         """How often the clip-aware rule fired, and a line describing the latest firing.

@@ -33,26 +33,29 @@ class WarmKernelCache(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not self.enabled or config.get("env") is None:
             return
+        import hydra
+
+        from harness import build
         from harness import config as harness_config
-        from harness.training.loop import TrainSettings
 
         choices = dict(config.hydra.runtime.choices)
         cfg = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
         with open_dict(cfg):
             cfg.pop("hydra", None)
         harness_config.apply_task_env_defaults(cfg, choices, [])
-        with open_dict(cfg):
-            cfg.env.horizon = 1
-            cfg.env.world_count = 1
-            if "window" in cfg.task:  # one step: no windows
-                cfg.task.window = None
         start = time.perf_counter()
         try:
-            run = harness_config.build_run(cfg, choices)
-        except harness_config.ConfigError as exc:
+            build.evaluation_config(cfg, hydra.utils.get_class(cfg.task._target_))  # one step: no windows
+            with open_dict(cfg):
+                cfg.env.horizon = 1
+                cfg.env.world_count = 1
+            run = build.build_run(cfg, choices)
+        except (harness_config.ConfigError, ImportError) as exc:
             print(f"kernel cache warm-up skipped ({exc})", file=sys.stderr, flush=True)
             return
-        settings = TrainSettings(iterations=1, log_every=1, seed=run.settings.seed, device=run.settings.device)
+        settings = harness_config.TrainSettings(
+            iterations=1, log_every=1, seed=run.settings.seed, device=run.settings.device
+        )
         trainer = run.trainer(settings)
         trainer.step.run()  # every kernel of an iteration (a capture records the same kernels)
         trainer.step.log_values()

@@ -1,4 +1,4 @@
-"""Recorded trajectories: ``python -m harness record`` writes them, ``task=sysid`` fits to them.
+"""The trajectory file format: ``python -m harness record`` writes it, ``task=sysid`` fits to it.
 
 A trajectory file is an ``.npz`` archive (numpy's), so data measured on a real system can
 be brought in by writing the same arrays. Shapes use ``H`` steps, ``W`` worlds (independent
@@ -25,7 +25,6 @@ one-line refusal naming the file and what does not fit.
 from __future__ import annotations
 
 import math
-import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ import numpy as np
 __all__ = [
     "FORMAT",
     "Reference",
-    "ReferenceError",
+    "TrajectoryFileError",
     "excitation",
     "load_reference",
     "save_trajectory",
@@ -46,7 +45,7 @@ FORMAT = "harness.trajectory/1"
 """The ``format`` entry this version writes and reads."""
 
 
-class ReferenceError(ValueError):
+class TrajectoryFileError(ValueError):
     """A trajectory file that cannot be used: one line naming the file and what is wrong."""
 
 
@@ -95,13 +94,10 @@ def excitation(steps: int, worlds: int, action_dim: int, dt: float, *, amplitude
 def save_trajectory(path: Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` (the arrays of the module docstring) atomically: a temporary file in
     the same folder, then a rename, so an existing file is never left half written."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
+    from harness.runs import atomic_output
+
+    with atomic_output(Path(path)) as tmp, open(tmp, "wb") as handle:
         np.savez(handle, **{key: np.asarray(value) for key, value in payload.items()})
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
 
 
 def load_reference(
@@ -116,63 +112,63 @@ def load_reference(
     """Load and check a trajectory file against an env (its name, dt, observable widths and action width).
 
     Raises:
-        ReferenceError: One line: not a file, not an npz archive, a missing array, another
+        TrajectoryFileError: One line: not a file, not an npz archive, a missing array, another
             env, another dt, arrays of the wrong shape or with non-finite values.
     """
     path = Path(path)
     where = f"{field}: '{path}'"
     if not path.is_file():
-        raise ReferenceError(f"{where} is not a file; accepted: a trajectory written by python -m harness record")
+        raise TrajectoryFileError(f"{where} is not a file; accepted: a trajectory written by python -m harness record")
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-        raise ReferenceError(f"{where} is not an npz trajectory file ({type(exc).__name__})") from None
+        raise TrajectoryFileError(f"{where} is not an npz trajectory file ({type(exc).__name__})") from None
     for key in ("format", "env", "dt", "controls"):
         if key not in arrays:
-            raise ReferenceError(
+            raise TrajectoryFileError(
                 f"{where} lacks the array '{key}'; a trajectory holds format, env, dt, controls, "
                 "obs/<name>, initial/<field> (docs/tasks.md, Recordings)"
             )
     if str(arrays["format"]) != FORMAT:
-        raise ReferenceError(f"{where} has format '{arrays['format']}'; accepted: '{FORMAT}'")
+        raise TrajectoryFileError(f"{where} has format '{arrays['format']}'; accepted: '{FORMAT}'")
     if str(arrays["env"]) != env:
-        raise ReferenceError(f"{where} was recorded from env '{arrays['env']}'; this run's env is '{env}'")
+        raise TrajectoryFileError(f"{where} was recorded from env '{arrays['env']}'; this run's env is '{env}'")
     try:
         recorded_dt = float(np.asarray(arrays["dt"], dtype=np.float64).item())
     except (TypeError, ValueError):
-        raise ReferenceError(f"{where}: dt is not one number; accepted: the step in seconds") from None
+        raise TrajectoryFileError(f"{where}: dt is not one number; accepted: the step in seconds") from None
     if not math.isclose(recorded_dt, dt, rel_tol=1e-6):
-        raise ReferenceError(
+        raise TrajectoryFileError(
             f"{where} has dt={recorded_dt:g} s; env.dt is {dt:g} s; accepted: a trajectory recorded at the env's dt"
         )
     controls = arrays["controls"]
     if controls.ndim != 3 or controls.shape[2] != action_dim or 0 in controls.shape:
-        raise ReferenceError(
+        raise TrajectoryFileError(
             f"{where}: controls has shape {controls.shape}; accepted: (steps, worlds, {action_dim}) for this env"
         )
     steps, worlds = controls.shape[:2]
     observed = {key[4:]: value for key, value in arrays.items() if key.startswith("obs/")}
     if not observed:
-        raise ReferenceError(f"{where} has no obs/<name> arrays; accepted: one or more of {sorted(observables)}")
+        raise TrajectoryFileError(f"{where} has no obs/<name> arrays; accepted: one or more of {sorted(observables)}")
     for name, value in observed.items():
         if name not in observables:
-            raise ReferenceError(
+            raise TrajectoryFileError(
                 f"{where}: obs/{name} is not an observable of env '{env}'; accepted: {sorted(observables)}"
             )
         want = (steps, worlds, observables[name])
         if value.shape != want:
-            raise ReferenceError(f"{where}: obs/{name} has shape {value.shape}; accepted: {want} (as controls)")
+            raise TrajectoryFileError(f"{where}: obs/{name} has shape {value.shape}; accepted: {want} (as controls)")
     initial = {key[8:]: value for key, value in arrays.items() if key.startswith("initial/")}
     if not initial:
-        raise ReferenceError(f"{where} has no initial/<field> arrays (each world's state before step 0)")
+        raise TrajectoryFileError(f"{where} has no initial/<field> arrays (each world's state before step 0)")
     for name, value in initial.items():
         if value.ndim != 2 or value.shape[0] != worlds:
-            raise ReferenceError(f"{where}: initial/{name} has shape {value.shape}; accepted: ({worlds}, k)")
+            raise TrajectoryFileError(f"{where}: initial/{name} has shape {value.shape}; accepted: ({worlds}, k)")
     for name, value in [("controls", controls), *((f"obs/{k}", v) for k, v in observed.items()),
                         *((f"initial/{k}", v) for k, v in initial.items())]:  # fmt: skip
         if not np.issubdtype(value.dtype, np.number) or not np.all(np.isfinite(value)):
-            raise ReferenceError(f"{where}: {name} holds non-finite or non-numeric values")
+            raise TrajectoryFileError(f"{where}: {name} holds non-finite or non-numeric values")
     return Reference(
         path=path,
         env=env,
@@ -184,96 +180,3 @@ def load_reference(
         if np.size(arrays.get("noise_std", 0.0)) == 1
         else 0.0,
     )
-
-
-def record(
-    overrides: list[str], out: Path, *, amplitude: float = 10.0, noise: float = 0.0, device: str | None = None
-) -> dict[str, Any]:
-    """``python -m harness record +env=NAME [env.<field>=V ...] out=PATH``: simulate the env
-    driven by a multisine (:func:`excitation`) from its own initial states and write the
-    trajectory file (the module docstring), with Gaussian noise of standard deviation
-    ``noise`` added to every observation (seeded by the run seed).
-
-    Returns:
-        What was written: path, steps, worlds, observables, noise, the env's quantities.
-
-    Raises:
-        ReferenceError: One line: a config that does not compose or validate, an env without
-            actions or initial state, an output path that cannot be written.
-    """
-    import warp as wp
-
-    from harness import config
-    from harness.tasks.base import Task, rollout
-
-    out = Path(out)
-    if out.is_dir() or not out.parent.is_dir():
-        raise ReferenceError(f"out: '{out}' is not a file in an existing folder; accepted: out=<folder>/<name>.npz")
-    try:
-        cfg, _choices, _ = config.compose_command("train", [*overrides, *([f"device={device}"] if device else [])])
-        env = config.build_env(cfg, config.check_device(cfg.get("device")))
-    except config.ConfigError as exc:
-        raise ReferenceError(f"record: {exc}") from None
-    if env.action_dim < 1:
-        raise ReferenceError(f"record: env '{env.name}' takes no actions; accepted: an env with inputs to excite")
-    try:
-        initial = env.initial_state()
-    except NotImplementedError as exc:
-        raise ReferenceError(f"record: {exc}") from None
-    seed = int(cfg.get("seed", 0))
-    controls = excitation(env.horizon, env.world_count, env.action_dim, env.dt, amplitude=amplitude, seed=seed)
-    inputs = wp.array(controls, dtype=wp.float32, device=env.device)
-
-    class _Replay(Task):
-        name = "replay"
-
-        def parameter_shapes(self, config: Any) -> dict[str, tuple[int, ...]]:
-            return {}
-
-        def parameter_specs(self, env: Any) -> list:
-            return []
-
-        def begin(self, env: Any, params: Any) -> None:
-            env.reset()
-
-        def act(self, env: Any, params: Any, t: int) -> None:
-            env.act(t, inputs)
-
-    env.request(dict.fromkeys(env.observables, "all"))
-    trajectory = rollout(env, _Replay(), None)
-    rng = np.random.default_rng(seed + 1)
-    payload: dict[str, Any] = {
-        "format": FORMAT,
-        "env": env.name,
-        "dt": float(env.dt),
-        "controls": controls,
-        "noise_std": float(noise),
-        "excitation": f"multisine {', '.join(f'{f:g}' for f in EXCITATION_HZ)} Hz, peak {amplitude:g}, seed {seed}",
-    }
-    observed = []
-    for name, array in trajectory.items():
-        value = array.numpy().astype(np.float32)
-        if name == "controls" or value.shape[:2] != (env.horizon, env.world_count):
-            continue  # the inputs are stored once, as controls; last-step-only observables are not a trajectory
-        if noise > 0:
-            value = value + rng.normal(0.0, noise, size=value.shape).astype(np.float32)
-        payload[f"obs/{name}"] = value
-        observed.append(name)
-    for name, array in initial.items():
-        payload[f"initial/{name}"] = array.numpy().astype(np.float32).reshape(env.world_count, -1)
-    quantities = {}
-    for name in env.config.quantities():
-        quantities[name] = env.quantity_value(name)
-        payload[f"quantities/{name}"] = quantities[name]
-    try:
-        save_trajectory(out, payload)
-    except OSError as exc:
-        raise ReferenceError(f"out: cannot write '{out}' ({exc.strerror or exc})") from None
-    return {
-        "path": str(out),
-        "steps": env.horizon,
-        "worlds": env.world_count,
-        "observables": observed,
-        "noise_std": float(noise),
-        "quantities": {k: np.asarray(v).tolist() for k, v in quantities.items()},
-    }

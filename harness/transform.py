@@ -139,23 +139,18 @@ def substate(state: Mapping[str, wp.array], name: str) -> State:
     return {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
 
 
-def chain(*members: tuple[str, Transform] | Transform) -> Any:
+def chain(*members: tuple[str, Transform] | Transform) -> Chain:
     """Compose transformations in order, as ``optax.chain``.
 
     Members are ``(name, transformation)`` pairs or bare transformations (named by their
-    ``name``). A chain of clip policies alone is itself a clip policy
-    (:func:`harness.clip.chain`: each rule on the gradient the previous one left, one
-    combined coefficient); any other chain is a :class:`Chain`.
+    ``name``). The protocol knows no member kind: a chain of clip policies that should act as
+    one policy (one combined coefficient) is :func:`harness.clip.chain_clips`.
 
     Raises:
         ValueError: For no member, or two members with one name.
     """
-    from harness.clip.policies import ClipPolicy, chain_policies
-
     if not members:
         raise ValueError("chain: needs at least one transformation")
-    if all(isinstance(m, ClipPolicy) for m in members):
-        return chain_policies(list(members))
     named = tuple(m if isinstance(m, tuple) else (m.name, m) for m in members)
     names = [name for name, _ in named]
     if len(set(names)) != len(names) or any("/" in name for name in names):

@@ -36,7 +36,7 @@ import warp as wp
 
 import harness  # noqa: F401  (quiet Warp start-up)
 from envs.cartpole import FEATHERSTONE_SCRATCH
-from harness import config
+from harness import build, config
 from harness.training.loop import TrainSettings
 
 UPRIGHT = (0.1, 1.0, 1.0)  # dim weights of joint_q in configs/loss/cartpole_upright.yaml
@@ -164,7 +164,7 @@ class RawLoop:
 
 def harness_trainer(horizon: int, worlds: int, device: str, capture: bool):
     overrides = ["+env=cartpole", f"env.horizon={horizon}", f"env.world_count={worlds}", f"device={device}"]
-    run = config.build_run(*config.compose_config("train", overrides))
+    run = build.build_run(*config.compose_config("train", overrides))
     trainer = run.trainer(TrainSettings(iterations=10**6, log_every=10, device=device, capture=capture))
     trainer.step.set_iteration(0)
     return trainer

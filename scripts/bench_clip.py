@@ -111,7 +111,7 @@ def adjoint_figures(horizon: int, device: wp.context.Device) -> None:
     from harness.adjoint import AdjointClipper, profile_summary
     from harness.losses import WeightedLoss
     from harness.tasks import OpenLoop, prepare
-    from harness.training.step import record_rollout
+    from harness.training.step import taped_rollout
 
     env = CartpoleEnv(horizon=horizon, world_count=1, device=device)
     task = OpenLoop()
@@ -124,7 +124,7 @@ def adjoint_figures(horizon: int, device: wp.context.Device) -> None:
     params = prepare(env, task, loss, device=device)
     for max_norm in (None, float("inf"), 10.0, 1.0):
         clipper = AdjointClipper(horizon=horizon, world_count=1, max_norm=max_norm, device=device)
-        tape, _, total = record_rollout(env, task, loss, params, adjoint=clipper if max_norm else None)
+        tape, _, total = taped_rollout(env, task, loss, params, adjoint=clipper if max_norm else None)
         tape.backward(total)
         grad = params.grad.numpy().astype(np.float64)
         line = f"horizon {horizon}, adjoint max_norm {max_norm}: |g| = {np.linalg.norm(grad):.4g}"

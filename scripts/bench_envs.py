@@ -22,7 +22,7 @@ import time
 import warp as wp
 
 import harness  # noqa: F401  (quiet Warp start-up)
-from harness import config
+from harness import build, config
 
 LR = {"ball": 0.02, "cloth": 5.0, "spring_cage": 0.5, "soft_body": 1.0e7}
 
@@ -49,7 +49,7 @@ def example(name: str, frames: int | None):
 def trainer(name: str, horizon: int, capture: bool):
     overrides = [f"+env={name}", "optim=sgd", f"optim.lr={LR[name]}", "optim.momentum=0", "clip=none"]
     overrides += [f"env.horizon={horizon}", "device=cpu", f"capture={str(capture).lower()}"]
-    return config.build_run(*config.compose_config("train", overrides)).trainer()
+    return build.build_run(*config.compose_config("train", overrides)).trainer()
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness import config
+from harness import build, config
 from harness.training.loop import TrainSettings
 
 
@@ -26,7 +26,7 @@ def main() -> None:
     overrides = ["+env=cartpole", f"env.horizon={args.horizon}", f"env.world_count={args.worlds}", "device=cpu"]
     if args.adjoint_max_norm is not None:
         overrides.append(f"clip.adjoint.max_norm={args.adjoint_max_norm}")
-    run = config.build_run(
+    run = build.build_run(
         *config.compose_config("train", overrides)
     )  # the default config: the loss, optimizer and clip a user gets
     settings = TrainSettings(iterations=args.iterations + 1, log_every=args.iterations + 1, device="cpu")

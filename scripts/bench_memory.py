@@ -38,8 +38,8 @@ def one(horizon: int, worlds: int, segments: str, iterations: int, capture: bool
     import harness  # noqa: F401  (quiet Warp start-up)
     from envs.cartpole import CartpoleEnv
     from harness.clip import clip_by_global_norm
+    from harness.config import resolve_segment_steps
     from harness.losses import WeightedLoss
-    from harness.memory import resolve_segment_steps
     from harness.optim import adam
     from harness.training import Trainer, TrainSettings
     from tests.helpers import UPRIGHT_TERMS

@@ -89,7 +89,7 @@ def main() -> None:
         device_actions.assign(actions)
         env.act(t, device_actions)
         env.step(t)
-        env.record(t)
+        env.write_observables(t)
     q, qd = env.observed["joint_q"].numpy(), env.observed["joint_qd"].numpy()
     loss = (
         np.mean(0.1 * q[..., 0] ** 2 + q[..., 1] ** 2 + q[..., 2] ** 2)

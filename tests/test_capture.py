@@ -81,7 +81,7 @@ CLIPS = {
     "agc": lambda: clips.adaptive_grad_clip(1e-3),
     "autoclip": lambda: clips.autoclip(10.0, history=4),
     "zclip": lambda: clips.zclip(warmup=2, z_thresh=0.1, max_norm=1e-3),
-    "chain": lambda: clips.chain([clips.clip_by_value(1e-6), clips.clip_by_global_norm(TIGHT)]),
+    "chain": lambda: clips.chain_clips([clips.clip_by_value(1e-6), clips.clip_by_global_norm(TIGHT)]),
 }
 
 

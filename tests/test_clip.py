@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import warp as wp
 
-from harness import config
+from harness import build, config
 from harness.adjoint import AdjointSettings
 from harness.chunks import CHUNK
 from harness.clip import (
@@ -15,7 +15,7 @@ from harness.clip import (
     adaptive_grad_clip,
     agc_units,
     autoclip,
-    chain,
+    chain_clips,
     clip_by_global_norm,
     clip_by_norm_per_param,
     clip_by_value,
@@ -177,7 +177,7 @@ def make_policy(name: str, **kw):
         "agc": lambda: adaptive_grad_clip(0.01, **kw),
         "autoclip": lambda: autoclip(10.0, history=4, **kw),
         "zclip": lambda: zclip(warmup=2, **kw),
-        "chain": lambda: chain([clip_by_value(0.5), clip_by_global_norm(1.0)], **kw),
+        "chain": lambda: chain_clips([clip_by_value(0.5), clip_by_global_norm(1.0)], **kw),
     }
     return builders[name]()
 
@@ -391,7 +391,7 @@ def test_zclip_ema_is_fed_the_clipped_value_not_the_spike():
 def test_chain_applies_value_then_norm_in_order():
     params = make_params()
     grad = random_grad(params.size, 10.0)
-    got, state = clip(params, chain([clip_by_value(5.0), clip_by_global_norm(1.0)]), grad)
+    got, state = clip(params, chain_clips([clip_by_value(5.0), clip_by_global_norm(1.0)]), grad)
     clamped = np.clip(grad, -5.0, 5.0)
     want, coef = torch_clip_reference(clamped, 1.0)
     np.testing.assert_allclose(got, want, rtol=2e-6)
@@ -467,10 +467,10 @@ def test_bad_arguments_name_the_field(factory, kwargs, field):
 
 
 def test_config_wraps_the_bare_policy_and_hands_the_adjoint_settings_to_the_trainer():
-    run = config.validate(*compose_run("+env=cartpole", "clip=chain", "clip.nonfinite=zero", "clip.adjoint.max_norm=5"))
+    run = build.validate(*compose_run("+env=cartpole", "clip=chain", "clip.nonfinite=zero", "clip.adjoint.max_norm=5"))
     assert run.nonfinite == "zero" and [r.name for r in run.clip.rules] == ["value", "global_norm"]
     assert run.adjoint == AdjointSettings(max_norm=5.0, profile=False) and run.adjoint.active
-    assert config.validate(*compose_run("+env=cartpole")).adjoint == AdjointSettings()
+    assert build.validate(*compose_run("+env=cartpole")).adjoint == AdjointSettings()
     assert not AdjointSettings().active
 
 
@@ -486,7 +486,7 @@ def test_bad_nonfinite_and_adjoint_settings_name_the_field(value, message):
     key, inner = next(iter(value.items()))
     overrides = [f"clip.{key}={inner}"] if key == "nonfinite" else [f"clip.adjoint.{k}={v}" for k, v in inner.items()]
     with pytest.raises(config.ConfigError, match=message):
-        config.validate(*compose_run("+env=cartpole", *overrides))
+        build.validate(*compose_run("+env=cartpole", *overrides))
 
 
 def test_a_policy_is_wrapped_once_and_a_chain_takes_bare_members():
@@ -494,7 +494,7 @@ def test_a_policy_is_wrapped_once_and_a_chain_takes_bare_members():
     with pytest.raises(ValueError, match="already handles non-finite gradients"):
         zero_nonfinite(wrapped)
     with pytest.raises(ValueError, match=r"clip.policies.1: 'value' is not a bare clip policy"):
-        chain([no_clip(), wrapped])
+        chain_clips([no_clip(), wrapped])
     bare = clip_by_value(1.0)
     assert set(bare.init(make_params())) == {"coef", "clipped"}
     assert set(wrapped.init(make_params())) == {f"nonfinite/{k}" for k in OWN} | {"coef", "clipped"}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness import config
+from harness.build import Run, build_run
+from harness.build import validate as validate_run
 from harness.clip import ClipPolicy
 from harness.losses import WeightedLoss
 from harness.optim import Optimizer
@@ -14,8 +16,8 @@ from tests.helpers import compose_run
 GROUPS = ["env", "loss", "optim", "clip", "schedule", "experiment"]
 
 
-def build(*overrides: str) -> config.Run:
-    return config.build_run(*compose_run(*overrides))
+def build(*overrides: str) -> Run:
+    return build_run(*compose_run(*overrides))
 
 
 def test_every_group_has_options():
@@ -53,7 +55,7 @@ def test_schedule_option_instantiates(name):
 @pytest.mark.parametrize("name", config.available("experiment"))
 def test_experiment_preset_composes_and_validates(name):
     cfg, choices = compose_run(f"+experiment={name}", "device=cpu")
-    run = config.validate(cfg, choices)
+    run = validate_run(cfg, choices)
     assert run.settings.iterations >= 1
 
 

@@ -19,6 +19,7 @@ import warp as wp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from harness import checkpoint, config
+from harness.build import Run, build_run
 from harness.gradcheck import check_gradients
 from harness.tasks.base import prepare, rollout
 from harness.training.step import check_capture
@@ -34,8 +35,8 @@ PORTS = {
 ITERATIONS = 20
 
 
-def build(*overrides: str) -> config.Run:
-    return config.build_run(*compose_run(*overrides, "device=cpu"))
+def build(*overrides: str) -> Run:
+    return build_run(*compose_run(*overrides, "device=cpu"))
 
 
 def example_loss_history(name: str, iterations: int, frames: int | None, monkeypatch) -> np.ndarray:
@@ -107,7 +108,7 @@ def gradcheck(name: str, *overrides: str, horizon: int | None):
     cfg, choices = config.compose_config("gradcheck", [f"+env={name}", "device=cpu", *overrides])
     if horizon is not None:
         cfg.env.horizon = horizon
-    run = config.build_run(cfg, choices)
+    run = build_run(cfg, choices)
     tolerance = run.env.config.gradcheck_tolerance()
     result, _ = check_gradients(run.env, run.loss, samples=8, tolerance=tolerance, device="cpu", task=run.task)
     return result

@@ -11,12 +11,13 @@ import pytest
 import warp as wp
 
 from envs.cartpole import CartpoleEnv
-from harness import config
+from harness import build, config
 from harness.adjoint import AdjointClipper
+from harness.config import auto_segment_steps, resolve_segment_steps
 from harness.losses import WeightedLoss
-from harness.memory import auto_segment_steps, resolve_segment_steps, segmented_forward_backward
+from harness.memory import segmented_forward_backward
 from harness.tasks import OpenLoop, prepare, segment_bounds
-from harness.training.step import record_rollout, zero_grads
+from harness.training.step import taped_rollout, zero_grads
 from tests.helpers import UPRIGHT_TERMS, make_trainer, run_harness
 
 HORIZON = 300
@@ -36,7 +37,7 @@ def gradients(segment_steps: int | None, *, max_norm: float | None = None, horiz
         else None
     )
     if segment_steps is None:
-        tape, trajectory, total = record_rollout(env, task, loss, params, adjoint=clipper)
+        tape, trajectory, total = taped_rollout(env, task, loss, params, adjoint=clipper)
         tape.backward(total)
     else:
         zero_grads(env, loss, params)
@@ -122,7 +123,7 @@ def test_a_state_outside_the_current_segment_is_refused():
     loss, task = WeightedLoss(UPRIGHT_TERMS), OpenLoop()
     params = prepare(env, task, loss, device="cpu")
     with pytest.raises(ValueError, match="runs in segments of 4 steps"):
-        record_rollout(env, task, loss, params)
+        taped_rollout(env, task, loss, params)
 
 
 def test_command_line_training_with_segments_logs_the_same_losses(tmp_path):
@@ -150,11 +151,11 @@ def port_gradients(name: str, extra: list[str], horizon: int) -> dict:
     """One forward + backward of a Newton port at its defaults (short horizon), through the
     config as the command line builds it; full tape or segments (``extra``)."""
     cfg, choices = config.compose_config("train", [f"+env={name}", f"env.horizon={horizon}", "device=cpu", *extra])
-    run = config.build_run(cfg, choices)
+    run = build.build_run(cfg, choices)
     env, task, loss = run.env, run.task, run.loss
     params = prepare(env, task, loss, device="cpu")
     if env.segment_steps is None:
-        tape, trajectory, total = record_rollout(env, task, loss, params)
+        tape, trajectory, total = taped_rollout(env, task, loss, params)
         tape.backward(total)
     else:
         zero_grads(env, loss, params)

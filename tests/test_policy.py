@@ -232,7 +232,7 @@ def test_upright_fraction_counts_worlds_upright_over_the_last_quarter():
         (["task.hidden=[0]"], "task.hidden", ">= 1"),
         (["task.action_scale=0"], "task.action_scale", "> 0"),
         (["task.carry_from=-1"], "task.carry_from", ">= 0"),
-        (["+env=ball"], "task: policy maps observations to actions", "cartpole"),
+        (["+env=ball"], "task: policy needs an env with the role PolicyEnv", "env 'ball' does not have it"),
         (["task.window=4", "memory.segment_steps=2"], "memory.segment_steps: task.window=4", "task.window=null"),
     ],
     ids=[
@@ -248,13 +248,13 @@ def test_upright_fraction_counts_worlds_upright_over_the_last_quarter():
 def test_bad_policy_settings_are_refused_in_one_line(args, field, accepted):
     """Checked where every command validates its config (tests/test_errors.py covers the
     command line's exit 2 and that nothing is written, for this same ConfigError)."""
-    from harness import config
+    from harness import build, config
 
     env = [a for a in args if a.startswith("+env=")] or ["+env=cartpole"]
     rest = [a for a in args if not a.startswith("+env=")]
     cfg, choices = config.compose_config("train", [*env, "task=policy", "env.horizon=12", *rest])
     with pytest.raises(config.ConfigError) as caught:
-        config.validate(cfg, choices)
+        build.validate(cfg, choices)
     line = str(caught.value)
     assert "\n" not in line and field in line and accepted in line, line
 
@@ -272,7 +272,7 @@ def test_policy_gradients_in_segments_are_the_full_tapes_bit_for_bit(segment_ste
     """memory.segment_steps with a policy (training mode: drawn starts) gives the full
     tape's gradient exactly."""
     from harness.memory import segmented_forward_backward
-    from harness.training.step import record_rollout, zero_grads
+    from harness.training.step import taped_rollout, zero_grads
 
     found = {}
     for steps in (None, segment_steps):
@@ -285,7 +285,7 @@ def test_policy_gradients_in_segments_are_the_full_tapes_bit_for_bit(segment_ste
         zero_grads(env, loss, params, task)
         with task.training(key):
             if steps is None:
-                tape, _, total = record_rollout(env, task, loss, params)
+                tape, _, total = taped_rollout(env, task, loss, params)
                 tape.backward(total)
             else:
                 _, _, total = segmented_forward_backward(env, task, loss, params)

@@ -127,12 +127,12 @@ BAD = ["not_npz", "missing", "other_env", "wrong_dt", "wrong_shape", "missing_ar
 @pytest.mark.parametrize("case", BAD)
 def test_a_reference_that_does_not_fit_is_refused_in_one_line(tmp_path, case):
     """Each misfit names the file and what is wrong (checked where the run is validated)."""
-    from harness import config
+    from harness import build, config
 
     path, message = bad_files(tmp_path)[case]
     cfg, choices = config.compose_config("train", ["+env=cartpole", "task=sysid", f"task.reference={path}"])
     with pytest.raises(config.ConfigError) as caught:
-        config.validate(cfg, choices)
+        build.validate(cfg, choices)
     line = str(caught.value)
     assert "\n" not in line and line.startswith(f"task.reference: '{path}'") and message in line, line
 

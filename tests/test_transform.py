@@ -10,6 +10,7 @@ import warp as wp
 from harness import optim, schedules
 from harness.clip import (
     ClipPolicy,
+    chain_clips,
     clip_by_global_norm,
     clip_by_value,
     error_if_nonfinite,
@@ -58,8 +59,10 @@ def test_a_chain_prefixes_member_state_and_lets_the_schedule_start_from_the_opti
 
 
 def test_a_chain_of_clip_policies_alone_is_one_clip_policy():
-    policy = chain(clip_by_value(10.0), clip_by_global_norm(1.0))
+    policy = chain_clips([clip_by_value(10.0), clip_by_global_norm(1.0)])
     assert isinstance(policy, ClipPolicy) and [r.name for r in policy.rules] == ["value", "global_norm"]
+    # the protocol's chain composes any transformations, clip policies too, each with its own state
+    assert isinstance(chain(clip_by_value(10.0), ("norm", clip_by_global_norm(1.0))), Chain)
 
 
 def test_the_chained_update_equals_its_members_applied_by_hand_bit_for_bit():

@@ -5,13 +5,14 @@ and resumed from the command line; and the ways such an env can be wrong."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers import run_harness
+from tests.helpers import ROOT, run_harness
 from tests.test_errors import assert_clean_rejection
 
 MODULE = '''
@@ -79,7 +80,7 @@ class Projectile(NewtonEnv):
     def set_quantity(self, name, value):
         wp.copy(self.initial["particle_qd"], value)
 
-    def record(self, t):
+    def write_observables(self, t):
         row = self.row("position", t)
         if row is not None:
             wp.launch(_position, dim=self.world_count, inputs=[self.state(t + 1).particle_q, row],
@@ -138,7 +139,7 @@ def user_folder(tmp_path) -> Path:
 
 
 def harness(folder: Path, *args: str, via: str = "variable"):
-    env = {"PYTHONPATH": str(folder / "code")}
+    env = {"PYTHONPATH": os.pathsep.join([str(folder / "code"), str(ROOT)])}
     if via == "variable":
         env["HARNESS_CONFIG_PATH"] = str(folder / "configs")
     else:

@@ -9,7 +9,7 @@ The package is split the way Newton splits device code from host code:
   Hydra config under ``configs/clip/``:
   :func:`no_clip`, :func:`clip_by_value`, :func:`clip_by_global_norm`,
   :func:`clip_by_norm_per_param`, :func:`adaptive_grad_clip` (AGC), :func:`autoclip`,
-  :func:`zclip` and :func:`chain`.
+  :func:`zclip` and :func:`chain_clips`.
 * :mod:`harness.clip.nonfinite`: wrappers around any transformation for nan/inf gradients
   (:func:`skip_if_nonfinite`, :func:`zero_nonfinite`, :func:`error_if_nonfinite`, picked by
   ``clip.nonfinite`` through :func:`with_nonfinite`; the trainer wraps its whole update),
@@ -39,7 +39,7 @@ from harness.clip.policies import (
     adaptive_grad_clip,
     agc_units,
     autoclip,
-    chain,
+    chain_clips,
     clip_by_global_norm,
     clip_by_norm_per_param,
     clip_by_value,
@@ -57,7 +57,7 @@ __all__ = [
     "adaptive_grad_clip",
     "agc_units",
     "autoclip",
-    "chain",
+    "chain_clips",
     "clip_by_global_norm",
     "clip_by_norm_per_param",
     "clip_by_value",

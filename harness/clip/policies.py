@@ -3,7 +3,7 @@ that can be the ``_target_`` of a Hydra config under ``configs/clip/``.
 
 :func:`no_clip`, :func:`clip_by_value`, :func:`clip_by_global_norm`,
 :func:`clip_by_norm_per_param`, :func:`adaptive_grad_clip` (AGC), :func:`autoclip`,
-:func:`zclip` and :func:`chain`. ``update`` rescales ``params.grad`` in place from the
+:func:`zclip` and :func:`chain_clips`. ``update`` rescales ``params.grad`` in place from the
 pre-clip :class:`~harness.stats.FlatStats` (``shared.stats``) and keeps every number it
 decides (coefficient, threshold, history) in device arrays, so a clipped step never goes
 back to the host and can be captured in a graph; ``init`` allocates everything an update
@@ -44,7 +44,7 @@ from harness.transform import Shared
 
 @dataclasses.dataclass(frozen=True)
 class ClipRule:
-    """One clipping rule; :class:`ClipPolicy` wraps one rule, :func:`chain` several.
+    """One clipping rule; :class:`ClipPolicy` wraps one rule, :func:`chain_clips` several.
 
     Attributes:
         name: Short name (``"global_norm"``).
@@ -637,22 +637,17 @@ def zclip(
     return ClipPolicy("zclip", (ClipRule("zclip", init, apply, _group_coef),))
 
 
-def chain_policies(policies: Sequence[ClipPolicy]) -> ClipPolicy:
-    """One policy applying the rules of ``policies`` in order: what :func:`harness.transform.chain`
-    returns for clip policies alone (see :func:`chain`)."""
-    rules = [rule for policy in policies for rule in policy.rules]
-    return ClipPolicy("chain(" + ",".join(rule.name for rule in rules) + ")", tuple(rules))
-
-
-def chain(policies: Sequence[ClipPolicy]) -> ClipPolicy:
-    """Apply several policies' rules in order (e.g. value, then global norm): the ``clip=chain``
-    option, :func:`harness.transform.chain` over a list of clip policies.
+def chain_clips(policies: Sequence[ClipPolicy]) -> ClipPolicy:
+    """One policy applying several policies' rules in order (e.g. value, then global norm):
+    the ``clip=chain`` option.
 
     Each member after the first sees the gradient as the previous ones left it (its
     statistics are recomputed: three launches per member). Members are bare policies; the
     non-finite wrapper goes around the trainer's whole update and acts once, before the
     first member. ``state["coef"]`` is the product of the members' coefficients,
     ``state["clipped"]`` is 1 when any member clipped; member ``i``'s keys are prefixed ``"i/"``.
+    (:func:`harness.transform.chain` composes transformations of any kind, each with its own
+    state; this one makes one clip policy of clip policies.)
 
     Args:
         policies: The members, at least one (Hydra: a list of ``_target_`` nodes).
@@ -663,8 +658,6 @@ def chain(policies: Sequence[ClipPolicy]) -> ClipPolicy:
     Raises:
         ValueError: If ``policies`` is empty or a member is not a clip policy.
     """
-    from harness.transform import chain as chain_all
-
     policies = list(policies)
     if not policies:
         raise ValueError("clip.policies: a chain needs at least one policy")
@@ -674,4 +667,5 @@ def chain(policies: Sequence[ClipPolicy]) -> ClipPolicy:
                 f"clip.policies.{i}: '{getattr(policy, 'name', policy)}' is not a bare clip policy; "
                 "accepted: harness.clip policies (a non-finite wrapper goes around the whole update)"
             )
-    return chain_all(*policies)
+    rules = [rule for policy in policies for rule in policy.rules]
+    return ClipPolicy("chain(" + ",".join(rule.name for rule in rules) + ")", tuple(rules))

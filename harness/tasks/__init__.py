@@ -16,19 +16,21 @@ A task decides what the trainable parameters are and how they enter a rollout; t
 
 from __future__ import annotations
 
-from harness.tasks.base import Task, prepare, rollout, rollout_segment, segment_bounds
+from harness.tasks.base import SINGLE_GROUP, Task, prepare, prepare_groups, rollout, rollout_segment, segment_bounds
 from harness.tasks.open_loop import OpenLoop
 from harness.tasks.policy import Policy
 from harness.tasks.quantities import TrainQuantities
 from harness.tasks.sysid import SystemId
 
 __all__ = [
+    "SINGLE_GROUP",
     "OpenLoop",
     "Policy",
     "SystemId",
     "Task",
     "TrainQuantities",
     "prepare",
+    "prepare_groups",
     "rollout",
     "rollout_segment",
     "segment_bounds",

@@ -14,7 +14,10 @@ from harness.env import Env, EnvConfig, StepHook, Trajectory
 from harness.losses import WeightedLoss
 from harness.params import ParamSet, ParamSpec
 
-__all__ = ["Task", "prepare", "rollout", "rollout_segment", "segment_bounds"]
+__all__ = ["SINGLE_GROUP", "Task", "prepare", "prepare_groups", "rollout", "rollout_segment", "segment_bounds"]
+
+SINGLE_GROUP = "params"
+"""The name of a single-group task's parameter group."""
 
 
 class Task(abc.ABC):
@@ -29,6 +32,38 @@ class Task(abc.ABC):
     name: ClassVar[str]
     capturable: ClassVar[bool] = True
     capture_note: ClassVar[str] = ""
+    roles: ClassVar[tuple[type, ...]] = ()
+    """The env roles (:mod:`harness.env`) this task needs besides the core."""
+    training_only: ClassVar[tuple[str, ...]] = ()
+    """The task's config keys that only shape training (a policy's ``window``): unset when a
+    run is evaluated (:func:`harness.build.evaluation_config`)."""
+
+    def required_roles(self) -> tuple[type, ...]:
+        """The env roles this task, with its settings, needs (:attr:`roles` by default)."""
+        return self.roles
+
+    def missing_role(self, env_class: type) -> str | None:
+        """One line naming the first role this task needs that ``env_class`` lacks; None when it has all."""
+        for role in self.required_roles():
+            if not issubclass(env_class, role):
+                return (
+                    f"task: {self.name} needs an env with the role {role.__name__} ({role.summary}); "
+                    f"env '{env_class.name}' does not have it (harness.env, docs/envs.md)"
+                )
+        return None
+
+    def check_segments(self, steps: int | None, config: EnvConfig) -> None:  # noqa: B027  (optional)
+        """Refuse ``memory.segment_steps`` where this task cannot train in segments.
+
+        Raises:
+            ValueError: One line naming the field and what is accepted.
+        """
+
+    def group_settings(self) -> dict[str, str]:
+        """Where the config holds the update settings (``optim``, ``clip``, ``schedule``) of
+        every parameter group after the first, by group: e.g. ``{"critic": "task.critic"}``.
+        The first group's are the top-level ``optim``, ``clip`` and ``schedule``."""
+        return {}
 
     def check(self, config: EnvConfig) -> None:  # noqa: B027  (optional: no checks by default)
         """Refuse an env this task cannot train, without building it.
@@ -49,6 +84,19 @@ class Task(abc.ABC):
         (``task=sysid`` fits a recorded trajectory)."""
         return configured
 
+    def check_loss(self, loss: WeightedLoss) -> None:
+        """Refuse a loss this task cannot supply: terms that compare with a recorded trajectory
+        need a task that brings one (``task=sysid``, whose :meth:`replace_loss` makes them).
+
+        Raises:
+            ValueError: One line naming the term and what is accepted.
+        """
+        if loss.reference_terms and self.replace_loss(loss) is loss:
+            raise ValueError(
+                f"loss.terms.{loss.reference_terms[0].name}.kind: reference compares with a recorded trajectory; "
+                "accepted with task=sysid only"
+            )
+
     def attach(self, env: Env, loss: WeightedLoss) -> None:  # noqa: B027  (optional)
         """After the loss is bound to a built env: hand it what the task supplies (a reference trajectory)."""
 
@@ -67,6 +115,27 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def parameter_specs(self, env: Env) -> list[ParamSpec]:
         """The parameters, with their initial values and bounds, for a built env."""
+
+    def groups(self, env: Env) -> dict[str, list[ParamSpec]]:
+        """The parameter groups this task trains for a built env, in update order, each with its
+        own optimizer, schedule, clip policy and statistics (:mod:`harness.training.groups`):
+        one group, ``params``, unless a task says otherwise (SHAC: ``actor`` and ``critic``)."""
+        return {SINGLE_GROUP: self.parameter_specs(env)}
+
+    def group_shapes(self, config: EnvConfig) -> dict[str, dict[str, tuple[int, ...]]]:
+        """The shapes of every group's parameters for an env with this config (nothing is built)."""
+        return {SINGLE_GROUP: self.parameter_shapes(config)}
+
+    def flat_shapes(self, config: EnvConfig) -> dict[str, tuple[int, ...]]:
+        """:meth:`group_shapes` by flat name: ``<name>`` for one group, ``<group>/<name>`` for
+        several (what a checkpoint's identity compares, :func:`harness.checkpoint.flat_identity`)."""
+        groups = self.group_shapes(config)
+        if len(groups) == 1:
+            return dict(next(iter(groups.values())))
+        return {f"{group}/{name}": shape for group, shapes in groups.items() for name, shape in shapes.items()}
+
+    def bind(self, params: dict[str, ParamSet]) -> None:  # noqa: B027  (optional: one group needs nothing)
+        """Hand a task with several groups all of them (a rollout receives the first only)."""
 
     @abc.abstractmethod
     def begin(self, env: Env, params: ParamSet) -> None:
@@ -100,6 +169,17 @@ class Task(abc.ABC):
 
     def zero_grad(self, env: Env) -> None:  # noqa: B027  (optional: no buffers of its own by default)
         """Zero the gradients of buffers the task owns for ``env`` (a policy's per-step activations)."""
+
+    def iterate(self, step: Any) -> None:
+        """Issue one training iteration's launches on ``step`` (a
+        :class:`harness.training.step.TrainStep`): by default one taped rollout and its
+        backward (``step.forward_backward()``), then every parameter group's update
+        (``step.apply(name)``). A task with several phases (SHAC: the actor's window, then the
+        critic's epochs) issues them itself; everything stays a fixed sequence of launches, so
+        the iteration is still one captured graph."""
+        step.forward_backward()
+        for name in step.groups:
+            step.apply(name)
 
     def rollout_actions(self, env: Env) -> wp.array | None:
         """The actions of the latest rollout ``(horizon, world_count, action_dim)``, if the task drives actions."""
@@ -156,7 +236,7 @@ def rollout_segment(
         env.step(t)
         if after_step is not None:
             after_step(t, env.state_arrays(t + 1))
-        env.record(t)
+        env.write_observables(t)
     if end == env.horizon:
         task.end(env, params)
 
@@ -169,17 +249,31 @@ def segment_bounds(horizon: int, steps: int | None) -> list[tuple[int, int]]:
     return [(start, min(start + steps, horizon)) for start in range(0, horizon, steps)]
 
 
-def prepare(env: Env, task: Task, loss: WeightedLoss, *, device: wp.context.Devicelike = None) -> ParamSet:
-    """Make the parameters of ``task`` for ``env``, bind ``loss`` to the env's observables and
-    ask the env to record what the loss reads.
+def prepare_groups(
+    env: Env, task: Task, loss: WeightedLoss, *, device: wp.context.Devicelike = None
+) -> dict[str, ParamSet]:
+    """Make the parameters of every group of ``task`` for ``env``, bind ``loss`` to the env's
+    observables and ask the env to record what the loss reads.
 
     Raises:
         ValueError: One line when the task cannot train this env or the loss names an
             observable the env does not have.
     """
     task.check(env.config)
-    params = ParamSet(task.parameter_specs(env), device=device if device is not None else env.device)
-    loss.bind(env.observables, device=params.device)
+    device = device if device is not None else env.device
+    params = {name: ParamSet(specs, device=device) for name, specs in task.groups(env).items()}
+    first = next(iter(params.values()))
+    loss.bind(env.observables, device=first.device)
     task.attach(env, loss)
     env.request(loss.requested())
+    if len(params) > 1:
+        task.bind(params)
     return params
+
+
+def prepare(env: Env, task: Task, loss: WeightedLoss, *, device: wp.context.Devicelike = None) -> ParamSet:
+    """:func:`prepare_groups` for a task with one parameter group: its parameters."""
+    params = prepare_groups(env, task, loss, device=device)
+    if len(params) != 1:
+        raise ValueError(f"prepare: task '{task.name}' trains {len(params)} parameter groups; use prepare_groups")
+    return next(iter(params.values()))

@@ -32,8 +32,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import warp as wp
 
-from harness import schema
-from harness.env import Env, EnvConfig
+from harness import schema, tags
+from harness.env import CarriesState, DrawsStarts, Env, EnvConfig, PolicyEnv
 from harness.losses import WeightedLoss
 from harness.params import ParamSet, ParamSpec
 from harness.tasks.base import Task
@@ -122,6 +122,8 @@ class Policy(Task):
     """
 
     name = "policy"
+    training_only = ("window",)
+    """Settings that only shape training (unset when a run is evaluated over whole episodes)."""
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Args:
@@ -174,6 +176,17 @@ class Policy(Task):
             raise ValueError(
                 f"task.window: {self.window} does not divide env.horizon={config.horizon}; "
                 "accepted: a divisor of the horizon, or null (the whole horizon)"
+            )
+
+    def required_roles(self) -> tuple[type, ...]:
+        """Observations always; fresh draws with ``random_starts``; a carried state with ``window``."""
+        return (PolicyEnv, *((DrawsStarts,) if self.random_starts else ()), *((CarriesState,) if self.window else ()))
+
+    def check_segments(self, steps: int | None, config: EnvConfig) -> None:
+        if steps is not None and self.window is not None and self.window < config.horizon:
+            raise ValueError(
+                f"memory.segment_steps: task.window={self.window} carries the state between windows, which a "
+                "segmented rollout does not yet support; accepted: memory.segment_steps=null, or task.window=null"
             )
 
     def training_config(self, config: EnvConfig) -> EnvConfig:
@@ -301,7 +314,7 @@ class Policy(Task):
     def columns(self, params: ParamSet, loss: WeightedLoss) -> list[tuple[str, wp.array, int]]:
         """``policy/window_cost``: the loss of each iteration's training window (the
         negative of what SHAC calls the window's return)."""
-        return [("policy/window_cost", loss.total, 0)]
+        return [(tags.POLICY_WINDOW_COST, loss.total, 0)]
 
     def rollout_actions(self, env: Env) -> wp.array:
         """The actions of the latest rollout, ``(horizon, world_count, action_dim)``."""

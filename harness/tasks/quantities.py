@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from harness import schema
-from harness.env import Env, EnvConfig, Quantity
+from harness.env import Env, EnvConfig, Identifiable, Quantity
 from harness.params import ParamSet, ParamSpec
 from harness.tasks.base import Task
 
@@ -34,6 +34,7 @@ class TrainQuantities(Task):
     """
 
     name = "physical"
+    roles = (Identifiable,)
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Args:

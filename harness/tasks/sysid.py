@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from harness import schema
+from harness import schema, tags
 from harness.env import Env, EnvConfig
 from harness.losses import LossTerm, WeightedLoss
 from harness.params import ParamSet, ParamSpec, _inner_shape
 from harness.tasks.quantities import TrainQuantities
-from harness.trajectory import Reference, ReferenceError, load_reference
+from harness.trajectory import Reference, TrajectoryFileError, load_reference
 
 __all__ = ["SystemId"]
 
@@ -99,7 +99,7 @@ class SystemId(TrainQuantities):
                 observables=config.observable_dims(),
                 action_dim=config.action_dim(),
             )
-        except ReferenceError as exc:
+        except TrajectoryFileError as exc:
             raise ValueError(str(exc)) from None
         fitted = [name for name, w in self.weights.items() if name in self.reference.observed and w > 0]
         if not fitted:
@@ -230,5 +230,5 @@ class SystemId(TrainQuantities):
             shape = spec.shape + _inner_shape(spec.dtype)
             for flat, index in enumerate(np.ndindex(*shape)):
                 suffix = "/" + ".".join(str(i) for i in index) if index else ""
-                found.append((f"sysid/{spec.name}{suffix}", params.data, segment.offset + flat))
+                found.append((tags.sysid(spec.name, suffix), params.data, segment.offset + flat))
         return found

@@ -20,13 +20,12 @@ import warp as wp
 
 from harness.adjoint import AdjointSettings
 from harness.clip import ClipPolicy
-from harness.clip.nonfinite import NonFinite, check_mode
 from harness.env import Env
 from harness.losses import WeightedLoss
 from harness.optim import Optimizer
 from harness.params import ParamSet
-from harness.schedules import Schedule, constant
-from harness.tasks import OpenLoop, Task, prepare
+from harness.schedules import Schedule
+from harness.tasks import OpenLoop, Task, prepare_groups
 from harness.training.callbacks import (
     Checkpointer,
     HParamsRecord,
@@ -35,15 +34,17 @@ from harness.training.callbacks import (
     SignalStop,
     TensorBoardLog,
 )
+from harness.training.groups import SINGLE, Group, UpdateRule
 from harness.training.loop import Callback, Loop, Tally, TrainingInterrupted, TrainSettings, write_json
 from harness.training.state import TrainState
 from harness.training.step import FIXED_COLUMNS, CaptureError, TrainStep, capture_blocker, training_update
-from harness.transform import Shared
 
 __all__ = [
     "FIXED_COLUMNS",
+    "SINGLE",
     "Callback",
     "CaptureError",
+    "Group",
     "Loop",
     "Tally",
     "TrainSettings",
@@ -51,30 +52,35 @@ __all__ = [
     "TrainStep",
     "Trainer",
     "TrainingInterrupted",
+    "UpdateRule",
+    "training_update",
     "write_json",
 ]
 
 
 class Trainer:
-    """One training run: builds the state and the step, decides on capture, runs the loop.
+    """One training run: builds the parameter groups, the state and the step, decides on
+    capture, runs the loop.
 
     Args:
         env: The simulation.
         loss: The weighted loss over the env's observables.
-        optimizer: Optimizer (:mod:`harness.optim`).
-        clip: Clip policy (:mod:`harness.clip`); one given inside a non-finite wrapper
-            (``zero_nonfinite(policy)``) sets ``nonfinite``.
+        optimizer: Optimizer (:mod:`harness.optim`) of the task's first parameter group.
+        clip: Clip policy (:mod:`harness.clip`) of that group; one given inside a non-finite
+            wrapper (``zero_nonfinite(policy)``) sets ``nonfinite``.
         settings: Loop settings.
-        schedule: Learning-rate schedule (:mod:`harness.schedules`); constant if None.
+        schedule: Learning-rate schedule (:mod:`harness.schedules`) of that group; constant if None.
         task: What is trained (:mod:`harness.tasks`); open-loop actions if None.
         adjoint: Clipping inside backward (:class:`~harness.adjoint.AdjointSettings`, or
             the mapping ``clip.adjoint`` holds); off if None.
-        nonfinite: What an iteration with a nan/inf gradient does (``clip.nonfinite``):
-            ``skip`` (no update; the default), ``zero`` (nan/inf entries become 0) or ``error`` (stop);
-            the wrapper goes around the whole update (:func:`~harness.training.step.training_update`).
+        nonfinite: What an iteration with a nan/inf gradient does to that group
+            (``clip.nonfinite``): ``skip`` (no update; the default), ``zero`` (nan/inf entries
+            become 0) or ``error`` (stop).
+        rules: The :class:`~harness.training.groups.UpdateRule` of every further parameter
+            group of the task, by name (SHAC's ``critic``).
 
     Attributes:
-        state: The :class:`TrainState`.
+        state: The :class:`TrainState` (its ``groups`` by name).
         step: The :class:`TrainStep`.
         capture: Whether iterations after the first run as one captured graph.
         capture_reason: Why capture is off under ``capture=auto`` (None when it is on or
@@ -95,35 +101,35 @@ class Trainer:
         task: Task | None = None,
         adjoint: AdjointSettings | Mapping[str, Any] | None = None,
         nonfinite: str | None = None,
+        *,
+        rules: Mapping[str, UpdateRule] | None = None,
     ):
-        if isinstance(clip, NonFinite):  # a wrapped policy: its wrapper goes around the whole update
-            if nonfinite is not None and nonfinite != clip.mode:
-                raise ValueError(
-                    f"Trainer: clip is wrapped for nonfinite={clip.mode} and nonfinite={nonfinite} was given; "
-                    "accepted: one of them, or both the same"
-                )
-            clip, nonfinite = clip.inner, clip.mode
-        nonfinite = check_mode("skip" if nonfinite is None else nonfinite)
-        if not isinstance(clip, ClipPolicy):
-            raise TypeError(f"Trainer: clip must be a harness.clip policy, got {type(clip).__name__}")
-        self.env, self.loss, self.optimizer, self.clip, self.settings = env, loss, optimizer, clip, settings
+        primary_rule = UpdateRule(optimizer, clip, schedule, nonfinite)
+        self.env, self.loss, self.settings = env, loss, settings
         self.adjoint = AdjointSettings.parse(adjoint)
-        self.schedule = schedule or constant()
         self.task = task or OpenLoop()
         self.device = wp.get_device(settings.device)
-        params = prepare(env, self.task, loss, device=self.device)
-        self.update = training_update(clip, self.schedule, optimizer, nonfinite)
-        shared = Shared()
-        self.state = TrainState(params, self.update.init(params, shared), task=self.task.state(env))
-        self.step = TrainStep(
-            env=env, task=self.task, loss=loss, optimizer=optimizer, clip=clip, schedule=self.schedule,
-            update=self.update, shared=shared, state=self.state, rows=settings.log_every, adjoint=self.adjoint,
-        )  # fmt: skip
-        blocker = capture_blocker(
-            env,
-            self.device,
-            {"task": self.task, "loss": loss, "optimizer": optimizer, "clip": clip, "schedule": self.schedule},
-        )
+        params = prepare_groups(env, self.task, loss, device=self.device)
+        names = list(params)
+        rules = dict(rules or {})
+        unknown = sorted(set(rules) - set(names[1:]))
+        if unknown:
+            raise ValueError(f"Trainer: rules for '{unknown[0]}', which is not a further group of this task ({names})")
+        missing = [name for name in names[1:] if name not in rules]
+        if missing:
+            raise ValueError(f"Trainer: no update rule for parameter group '{missing[0]}' of task '{self.task.name}'")
+        tagged = len(names) > 1
+        groups = [
+            Group(name, params[name], primary_rule if k == 0 else rules[name], tagged=tagged)
+            for k, name in enumerate(names)
+        ]
+        self.state = TrainState(groups, task=self.task.state(env))
+        self.step = TrainStep(env, self.task, loss, self.state, rows=settings.log_every, adjoint=self.adjoint)
+        components: dict[str, Any] = {"task": self.task, "loss": loss}
+        for group in groups:
+            for role, member in group.rule.components().items():
+                components[role if not tagged else f"{group.name} {role}"] = member
+        blocker = capture_blocker(env, self.device, components)
         self.capture_reason = None
         if settings.capture is False:
             self.capture = False
@@ -137,7 +143,25 @@ class Trainer:
 
     @property
     def params(self) -> ParamSet:
+        """The first parameter group's parameters."""
         return self.state.params
+
+    @property
+    def optimizer(self) -> Optimizer:
+        return self.state.primary.optimizer
+
+    @property
+    def clip(self) -> ClipPolicy:
+        return self.state.primary.clip
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.state.primary.schedule
+
+    @property
+    def update(self) -> Any:
+        """The first group's update transformation."""
+        return self.state.primary.update
 
     def fit(
         self,

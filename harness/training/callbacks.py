@@ -22,6 +22,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from harness import checkpoint as ckpt
+from harness import tags
 from harness.adjoint import profile_histogram_values, profile_image, profile_summary
 from harness.events import EventWriter
 from harness.training.loop import Callback, Loop, Tally
@@ -34,42 +35,7 @@ __all__ = [
     "SignalStop",
     "TensorBoardLog",
     "iteration_series",
-    "run_identity",
 ]
-
-
-def run_identity(loop_or_step: Any) -> dict[str, Any]:
-    """What a checkpoint must share with the run that resumes it: the env, the parameter
-    layout (name, shape, dtype and bounds of every parameter) and the optimizer, schedule
-    and clip policy (by name)."""
-    step = getattr(loop_or_step, "step", loop_or_step)
-    return {
-        "env": step.env.name,
-        "layout": [
-            [s.name, list(s.shape), getattr(s.dtype, "__name__", str(s.dtype)), s.lower, s.upper]
-            for s in step.state.params.specs
-        ],
-        "optimizer": step.optimizer.name,
-        "schedule": step.schedule.name,
-        "clip": step.clip.name,
-    }
-
-
-def check_identity(
-    saved: ckpt.Checkpoint, path: Path, step: Any, *, iterations: int | None = None, field: str = "resume"
-) -> None:
-    """Refuse a checkpoint whose :func:`run_identity` differs from ``step``'s (one line,
-    :class:`harness.checkpoint.CheckpointError`)."""
-    identity = run_identity(step)
-    ckpt.check_fits(
-        saved,
-        path,
-        env=identity["env"],
-        shapes={name: shape for name, shape, *_ in identity["layout"]},
-        iterations=iterations,
-        components={key: identity[key] for key in ("layout", "optimizer", "schedule", "clip")},
-        field=field,
-    )
 
 
 class Checkpointer(Callback):
@@ -95,7 +61,7 @@ class Checkpointer(Callback):
             print(f"resume={self.resume}: no checkpoint in {loop.run_dir}; starting at iteration 0", flush=True)
             return
         saved = ckpt.load(path)
-        check_identity(saved, path, loop.step, iterations=loop.settings.iterations)
+        ckpt.check_identity(saved, path, loop.step.identity(), iterations=loop.settings.iterations)
         try:
             loop.step.state.load(saved.arrays)
         except ValueError as exc:
@@ -124,7 +90,7 @@ class Checkpointer(Callback):
         """Write the full training state after ``iteration`` completed iterations."""
         record = {
             **self.meta,
-            **run_identity(loop),
+            **loop.step.identity(),
             "iteration": iteration,
             "seed": self.seed,
             "tally": dataclasses.asdict(loop.tally),
@@ -181,6 +147,7 @@ class TensorBoardLog(Callback):
     def __init__(self) -> None:
         self.writer: EventWriter | None = None
         self._best: float | None = None  # the running loss/best (from the tally once, after a resume)
+        self._clipped: dict[str, int] | None = None  # clipped steps so far, per group's clipped_fraction tag
 
     def on_start(self, loop: Loop) -> None:
         # A resumed run hides whatever an earlier process wrote after its checkpoint.
@@ -188,19 +155,23 @@ class TensorBoardLog(Callback):
 
     def on_rows(self, loop: Loop, first: int, rows: np.ndarray) -> None:
         columns, tally = loop.step.columns, loop.tally
-        clipped = rows[:, columns.index("optim/clipped")]
-        clipped_before = tally.clipped_steps - int(clipped.sum())  # the tally already counts these rows
+        groups = list(loop.step.groups.values())
+        clipped = {g.tag(tags.CLIPPED_FRACTION): rows[:, columns.index(g.tag(tags.CLIPPED))] for g in groups}
+        if self._clipped is None:  # the clipped counts before these rows (the tallies already count them)
+            counts = [tally.clipped_steps, *(tally.groups.get(g.name, {}).get("clipped_steps", 0) for g in groups[1:])]
+            self._clipped = {tag: n - int(c.sum()) for (tag, c), n in zip(clipped.items(), counts, strict=True)}
         if self._best is None:
             earlier = np.asarray(tally.losses[:first], dtype=np.float64)
             self._best = float(np.nanmin(earlier)) if np.isfinite(earlier).any() else float("nan")
         best = self._best
         for r, values in enumerate(rows):
             scalars = dict(zip(columns, (float(v) for v in values), strict=True))
-            loss = scalars["loss/total"]
+            loss = scalars[tags.LOSS_TOTAL]
             best = loss if np.isfinite(loss) and not best <= loss else best
-            clipped_before += int(clipped[r])
-            scalars["loss/best"] = best
-            scalars["optim/clipped_fraction"] = clipped_before / (first + r + 1)
+            scalars[tags.LOSS_BEST] = best
+            for tag, flags in clipped.items():
+                self._clipped[tag] += int(flags[r])
+                scalars[tag] = self._clipped[tag] / (first + r + 1)
             self.writer.scalars(first + r + 1, scalars)
         self._best = best
 
@@ -209,15 +180,15 @@ class TensorBoardLog(Callback):
 
     def on_log(self, loop: Loop, iteration: int, values: dict[str, Any]) -> None:
         step = iteration + 1
-        for name, grad in values["grad_pre"].items():
-            self.writer.histogram(step, f"optim/grad_hist/{name}", grad)
+        for tag, values_ in values["histograms"].items():
+            self.writer.histogram(step, tag, values_)
         actions = values.get("actions")
         if actions is not None:
             scale = getattr(loop.step.task, "action_scale", None)
-            self.writer.histogram(step, "policy/actions", actions)
-            summary = {"policy/action_abs_mean": float(np.abs(actions).mean())}
+            self.writer.histogram(step, tags.POLICY_ACTIONS, actions)
+            summary = {tags.POLICY_ACTION_ABS_MEAN: float(np.abs(actions).mean())}
             if scale:
-                summary["policy/saturated_fraction"] = float(np.mean(np.abs(actions) >= 0.99 * scale))
+                summary[tags.POLICY_SATURATED_FRACTION] = float(np.mean(np.abs(actions) >= 0.99 * scale))
             self.writer.scalars(step, summary)
         profile = values.get("adjoint_profile")
         if profile is not None:
@@ -226,7 +197,7 @@ class TensorBoardLog(Callback):
             for tag, hist in profile_histogram_values(profile).items():
                 self.writer.histogram(step, tag, hist)
             self.writer.image(
-                step, "through_time/profile", profile_image(profile, max_norm=adjoint.max_norm, dt=loop.step.env.dt)
+                step, tags.ADJOINT_PROFILE, profile_image(profile, max_norm=adjoint.max_norm, dt=loop.step.env.dt)
             )
         self.writer.flush()
 
@@ -237,7 +208,7 @@ class TensorBoardLog(Callback):
 
 def iteration_series(step: Any) -> dict[str, np.ndarray]:
     """Host copies of what the last iteration's rollout did, step by step: every per-step
-    observable and every parameter laid out per step (:func:`harness.render.per_step_series`),
+    observable and every parameter laid out per step (:func:`harness.plots.per_step_series`),
     at the parameters the rollout ran with (``step.rollout_params``).
 
     An observable that is a view of the flat parameters (the cartpole's ``controls`` are the
@@ -246,7 +217,7 @@ def iteration_series(step: Any) -> dict[str, np.ndarray]:
     """
     import warp as wp
 
-    from harness.render import per_step_series
+    from harness.plots import per_step_series
 
     used = step.rollout_params.numpy()
     data = step.state.params.data
@@ -281,7 +252,7 @@ class RolloutPlotLog(Callback):
         max_worlds: Draw at most this many worlds.
     """
 
-    TAG = "rollout/plot"
+    TAG = tags.ROLLOUT_PLOT
 
     def __init__(self, tensorboard: TensorBoardLog, *, every: int, max_worlds: int = 8):
         self.tensorboard, self.every, self.max_worlds = tensorboard, every, max_worlds
@@ -327,7 +298,7 @@ class RolloutPlotLog(Callback):
             print(f"warning: {self.TAG}: drawing failed: {type(error).__name__}: {first}", file=sys.stderr)
 
     def _draw(self, done: int, first: tuple[int, dict[str, np.ndarray]], current: dict[str, np.ndarray], dt, names):
-        from harness.render import SeriesFigure
+        from harness.plots import SeriesFigure
 
         if self._figure is None:
             self._figure = SeriesFigure(current, dt, names, max_worlds=self.max_worlds, dpi=72)
@@ -345,20 +316,23 @@ class RolloutPlotLog(Callback):
         self.tensorboard.writer.flush()
 
 
-HPARAMS_METRICS = {
-    "loss/total": "loss (last iteration)",
-    "loss/best": "best loss",
-    "optim/clipped_fraction": "clipped fraction",
-    "optim/grad_norm_pre": "|g| pre-clip (last iteration)",
-}
-"""The curves whose last values the HParams table shows, with their column titles."""
+def hparams_metrics(group: Any = None) -> dict[str, str]:
+    """The curves whose last values the HParams table shows, with their column titles: the
+    loss, the best loss, and the primary parameter group's clipped fraction and pre-clip norm."""
+    tag = group.tag if group is not None else tags.optim
+    return {
+        tags.LOSS_TOTAL: "loss (last iteration)",
+        tags.LOSS_BEST: "best loss",
+        tag(tags.CLIPPED_FRACTION): "clipped fraction",
+        tag(tags.GRAD_NORM_PRE): "|g| pre-clip (last iteration)",
+    }
 
 
 class HParamsRecord(Callback):
     """At the end of a finished run: its row of TensorBoard's HParams dashboard.
 
     The metrics are the last values of curves the run already has
-    (:data:`HPARAMS_METRICS`), so the record adds no single-point scalars; it sits at the
+    (:func:`hparams_metrics`), so the record adds no single-point scalars; it sits at the
     last iteration's step.
 
     Args:
@@ -373,7 +347,8 @@ class HParamsRecord(Callback):
         self.swept = tuple(swept)
 
     def on_end(self, loop: Loop, summary: dict[str, Any]) -> None:
-        self.tensorboard.writer.hparams(self.values, HPARAMS_METRICS, step=loop.settings.iterations, differs=self.swept)
+        metrics = hparams_metrics(loop.step.state.primary)
+        self.tensorboard.writer.hparams(self.values, metrics, step=loop.settings.iterations, differs=self.swept)
 
 
 def _duration(seconds: float) -> str:

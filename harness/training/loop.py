@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import json
 import platform
 import signal
 import time
@@ -28,49 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from harness.schema import field
-from harness.training.step import CAPTURE_MODES, FIXED_COLUMNS, TrainStep
+from harness import tags
+from harness.config import TrainSettings
+from harness.runs import write_json
+from harness.training.step import TrainStep
 
 __all__ = ["Callback", "Loop", "Tally", "TrainSettings", "TrainingInterrupted", "write_json"]
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainSettings:
-    """Loop settings: the schema of the top level of ``configs/train.yaml``, built from the
-    composed config by :func:`harness.schema.build` (types and ranges from these fields;
-    ``checkpoint_every`` reads ``checkpoint.every``).
-
-    Attributes:
-        iterations: Optimisation steps.
-        log_every: Read back, write TensorBoard and print progress every N iterations.
-        seed: Run seed (the env's initial conditions are drawn from it).
-        device: Warp device name; None picks Warp's preferred device.
-        checkpoint_every: Write a checkpoint every N iterations (0: only at the end and on
-            SIGINT/SIGTERM).
-        checkpoint_keep: How many of the newest checkpoints to keep.
-        resume: None (start fresh), ``auto`` (the newest checkpoint in the run folder, if
-            any), or the path of a checkpoint file or run folder.
-        capture: ``auto`` (capture one iteration into a graph when the device and every
-            component allow it, else run eagerly and say why), True (capture or refuse),
-            False (every iteration eagerly).
-        plot_every: A TensorBoard image of the rollout against time (``rollout/plot``) at
-            the first log step, at the first log step after every multiple of this many
-            iterations and at the end; 0: the first log step and the end only; None: never.
-    """
-
-    iterations: int = field(100, minimum=1)
-    log_every: int = field(10, minimum=1)
-    seed: int = field(0, minimum=0)
-    device: str | None = field(None)
-    checkpoint_every: int = field(0, minimum=0, key="checkpoint.every")
-    checkpoint_keep: int = field(3, minimum=1, key="checkpoint.keep")
-    resume: str | None = field(None)
-    capture: bool | str = field("auto", choices=CAPTURE_MODES)
-    plot_every: int | None = field(50, minimum=0)
-
-    def check(self) -> None:
-        if self.resume == "":
-            raise ValueError("resume: expected null, auto, or a checkpoint file or run folder path, got ''")
 
 
 class TrainingInterrupted(RuntimeError):
@@ -97,21 +59,35 @@ class Tally:
     lr_reductions: int = 0
     wall_time_s: float = 0.0
     initial_figures: dict[str, Any] = dataclasses.field(default_factory=dict)
+    groups: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    """The counts of every group after the primary one (a task with several groups)."""
 
     @property
     def flushed(self) -> int:
         """Iterations whose scalars were read back and logged."""
         return len(self.losses)
 
-    def add(self, rows: np.ndarray, columns: list[str]) -> None:
-        col = {name: columns.index(name) for name in FIXED_COLUMNS}
-        self.losses.extend(float(v) for v in rows[:, col["loss/total"]])
-        self.norms.extend(float(v) for v in rows[:, col["optim/grad_norm_pre"]])
-        self.clipped_steps += int(rows[:, col["optim/clipped"]].sum())
-        self.skipped_steps += int(rows[:, col["optim/skipped"]].sum())
-        self.nonfinite_steps += int((rows[:, col["optim/nonfinite"]] > 0).sum())
-        if "through_time/clipped" in columns:
-            self.adjoint_clipped_steps += int(rows[:, columns.index("through_time/clipped")].sum())
+    def add(self, rows: np.ndarray, columns: list[str], group: Any = None) -> None:
+        """Count the rows' iterations: the loss, and the primary group's norm, clipped,
+        skipped and non-finite steps (``group.tag`` names its columns; default: a single group's)."""
+        tag = group.tag if group is not None else tags.optim
+        col = {
+            stat: columns.index(tag(stat)) for stat in (tags.GRAD_NORM_PRE, tags.CLIPPED, tags.SKIPPED, tags.NONFINITE)
+        }
+        self.losses.extend(float(v) for v in rows[:, columns.index(tags.LOSS_TOTAL)])
+        self.norms.extend(float(v) for v in rows[:, col[tags.GRAD_NORM_PRE]])
+        self.clipped_steps += int(rows[:, col[tags.CLIPPED]].sum())
+        self.skipped_steps += int(rows[:, col[tags.SKIPPED]].sum())
+        self.nonfinite_steps += int((rows[:, col[tags.NONFINITE]] > 0).sum())
+        if tags.ADJOINT_CLIPPED in columns:
+            self.adjoint_clipped_steps += int(rows[:, columns.index(tags.ADJOINT_CLIPPED)].sum())
+
+    def add_group(self, rows: np.ndarray, columns: list[str], group: Any) -> None:
+        """Count a further group's clipped, skipped and non-finite steps (``groups[<name>]``)."""
+        counts = self.groups.setdefault(group.name, {"clipped_steps": 0, "skipped_steps": 0, "nonfinite_steps": 0})
+        counts["clipped_steps"] += int(rows[:, columns.index(group.tag(tags.CLIPPED))].sum())
+        counts["skipped_steps"] += int(rows[:, columns.index(group.tag(tags.SKIPPED))].sum())
+        counts["nonfinite_steps"] += int((rows[:, columns.index(group.tag(tags.NONFINITE))] > 0).sum())
 
     def last(self, what: str) -> float:
         values = self.losses if what == "loss" else self.norms
@@ -248,15 +224,21 @@ class Loop:
         first = tally.flushed
         rows = step.read_rows(first, it)
         now = time.perf_counter()
-        tally.add(rows, step.columns)
+        groups = list(step.groups.values())
+        tally.add(rows, step.columns, groups[0])
+        for group in groups[1:]:
+            tally.add_group(rows, step.columns, group)
         for callback in self.callbacks:
             callback.on_rows(self, first, rows)
-        step.update.check(step.state.params, step.state.update)  # `error` policy: raises after the rows are logged
-        count, message = step.schedule.read_reductions(step.state.schedule)
+        step.check()  # the `error` policy: raises after the rows are logged
+        reductions = [group.read_reductions() for group in groups]
+        count = sum(found for found, _ in reductions)
         if count > tally.lr_reductions:
-            print(message, flush=True)
+            for _, message in reductions:
+                if message is not None:
+                    print(message, flush=True)
             tally.lr_reductions = count
-            self._scalars(it, {"optim/lr_reductions": count})
+            self._scalars(it, {groups[0].tag(tags.LR_REDUCTIONS): count})
         if not log_step:
             return
         iter_s = (now - self.interval[0]) / (it + 1 - self.interval[1])
@@ -265,10 +247,9 @@ class Loop:
         self._scalars(
             it,
             {
-                "perf/iter_ms": 1e3 * iter_s,
-                "perf/env_steps_per_s": step.env.horizon * step.env.world_count / iter_s,
-                "optim/param_norm": values["optim/param_norm"],
-                "optim/update_ratio": values["optim/update_ratio"],
+                tags.PERF_ITER_MS: 1e3 * iter_s,
+                tags.PERF_ENV_STEPS_PER_S: step.env.horizon * step.env.world_count / iter_s,
+                **values["scalars"],
             },
         )
         values["iter_s"] = iter_s
@@ -304,6 +285,7 @@ class Loop:
             "timing_s": dict(step.timing),
             "before_training": tally.initial_figures,
             "after_training": final_figures,
+            **({"groups": tally.groups} if tally.groups else {}),
             **step.task.summary(step.state.params.split(step.eval_params().numpy())),
         }
 
@@ -317,10 +299,3 @@ def versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             found[name] = None
     return found
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Write JSON atomically: a temporary file in the same folder, then rename."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, allow_nan=True) + "\n")
-    tmp.replace(path)

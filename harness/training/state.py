@@ -1,16 +1,22 @@
 """The training state: everything an optimisation carries from one iteration to the next.
 
-This module owns :class:`TrainState`: the flat parameter buffer, the state of the trainer's
-update (one transformation, :mod:`harness.transform`: a non-finite wrapper around the chain
-of clip policy, schedule, optimizer and bounds, whose keys are ``<member>/<key>``) and what
-the task carries. Nothing else persists between iterations (gradients, statistics and the
-history buffer are recomputed or read back every iteration), so a checkpoint is exactly
-these arrays, saved and loaded generically by name, and a resumed run continues bit for bit.
+This module owns :class:`TrainState`: every parameter group's flat parameter buffer and the
+state of its update (one transformation, :mod:`harness.transform`: a non-finite wrapper
+around the chain of clip policy, schedule, optimizer and bounds, whose keys are
+``<member>/<key>``), and what the task carries (a windowed policy's env state, a critic's
+target network and observation statistics). Nothing else persists between iterations
+(gradients, statistics and the history buffer are recomputed or read back every iteration),
+so a checkpoint is exactly these arrays, saved and loaded generically by name, and a resumed
+run continues bit for bit.
+
+Checkpoint names: a single-group run writes ``params/data``, ``nonfinite/...``, ``clip/...``,
+``schedule/...``, ``optim/...`` and ``task/...``, as every run did before parameter groups
+existed; a run with several groups prefixes each group's arrays with its name
+(``actor/params/data``, ``critic/optim/exp_avg``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
@@ -18,7 +24,7 @@ import warp as wp
 
 from harness.optim import load_state, save_state
 from harness.params import ParamSet
-from harness.transform import substate
+from harness.training.groups import Group
 
 __all__ = ["RENAMED_ARRAYS", "TrainState"]
 
@@ -35,42 +41,52 @@ RENAMED_ARRAYS = {
 policy's before they became the wrapper's), read under their current names."""
 
 
-@dataclasses.dataclass
 class TrainState:
-    """Parameters plus the update's state, all on the device.
+    """The groups' parameters and update states plus what the task carries, all on the device.
+
+    Args:
+        groups: The parameter groups, in update order (the first is the primary one).
+        task: What the task carries between iterations.
 
     Attributes:
-        params: The flat parameter buffer with its named views.
-        update: The trainer's update state: ``nonfinite/...`` (the non-finite wrapper's
-            counters), ``clip/...``, ``schedule/...``, ``optim/...``.
-        task: What the task carries between iterations (a windowed policy's env state).
+        groups: By name.
+        task: The task's carried arrays.
     """
 
-    params: ParamSet
-    update: State
-    task: State = dataclasses.field(default_factory=dict)
+    def __init__(self, groups: list[Group], task: State | None = None):
+        self.groups = {group.name: group for group in groups}
+        self.task = dict(task or {})
 
-    optim = property(lambda self: substate(self.update, "optim"), doc="The optimizer's state (step, lr, moments).")
-    schedule = property(lambda self: substate(self.update, "schedule"), doc="The schedule's state (base rate, window).")
-    clip = property(lambda self: substate(self.update, "clip"), doc="The clip policy's state (coef, history).")
-    nonfinite = property(lambda self: substate(self.update, "nonfinite"), doc="The non-finite wrapper's counters.")
+    @property
+    def primary(self) -> Group:
+        """The first group (the only one of a single-group run)."""
+        return next(iter(self.groups.values()))
 
-    def groups(self) -> dict[str, State]:
-        """The state by group: ``params`` (``data``), each member of the update that has
-        state (``nonfinite``, ``clip``, ``schedule``, ``optim``) and, when the task carries
-        something between iterations, ``task``."""
-        found = {"params": {"data": self.params.data}}
-        for key in self.update:
-            group = key.split("/", 1)[0]
-            if group not in found:
-                found[group] = substate(self.update, group)
-        if self.task:
-            found["task"] = self.task
-        return found
+    @property
+    def params(self) -> ParamSet:
+        """The primary group's parameters."""
+        return self.primary.params
+
+    @property
+    def update(self) -> State:
+        """The primary group's update state (``nonfinite/``, ``clip/``, ``schedule/``, ``optim/``)."""
+        return self.primary.state
+
+    optim = property(lambda self: self.primary.substate("optim"), doc="The primary group's optimizer state.")
+    schedule = property(lambda self: self.primary.substate("schedule"), doc="The primary group's schedule state.")
+    clip = property(lambda self: self.primary.substate("clip"), doc="The primary group's clip policy state.")
+    nonfinite = property(lambda self: self.primary.substate("nonfinite"), doc="The non-finite wrapper's counters.")
 
     def arrays(self) -> dict[str, wp.array]:
-        """Every leaf, flattened to ``<group>/<key>``."""
-        return {f"{group}/{key}": array for group, leaves in self.groups().items() for key, array in leaves.items()}
+        """Every leaf by its checkpoint name (module docstring)."""
+        prefixed = len(self.groups) > 1
+        found: dict[str, wp.array] = {}
+        for name, group in self.groups.items():
+            head = f"{name}/" if prefixed else ""
+            found[f"{head}params/data"] = group.params.data
+            found.update({f"{head}{key}": array for key, array in group.state.items()})
+        found.update({f"task/{key}": array for key, array in self.task.items()})
+        return found
 
     def to_numpy(self) -> dict[str, np.ndarray]:
         """Host copies of every leaf, for a checkpoint (a host round trip: checkpoint time only)."""

@@ -8,12 +8,15 @@ This module owns :class:`TrainStep`. Its :meth:`~TrainStep.iteration` issues, in
     pre-clip statistics            # before anything touches the gradients
     snapshot of the pre-clip gradient (histograms at log steps)
     snapshot of the evaluated parameters (update ratio at log steps)
-    the update, one transformation (harness.transform; :func:`training_update`):
+    the update, one transformation (harness.transform; :class:`~harness.training.groups.UpdateRule`):
         non-finite stage (sets the device skip flag) -> skip guard save
         -> clip (in place) -> schedule (writes the device lr) -> optimizer step
         -> parameter bounds -> skip guard restore
     post-clip statistics
-    record the iteration's row of scalars at row ``counter % rows`` of the device history
+    (every parameter group in turn: :meth:`harness.training.groups.Group.apply`; a task with
+    its own structure, SHAC's actor then critic epochs, issues these phases itself:
+    :meth:`harness.tasks.Task.iterate`)
+    write the iteration's row of scalars at row ``counter % rows`` of the device history
     advance the device iteration counter
 
 Every number that changes between iterations (the history row, step counters, the
@@ -29,14 +32,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import warp as wp
 
+from harness import tags
 from harness.adjoint import AdjointClipper, AdjointSettings
-from harness.clip import ClipPolicy, with_nonfinite
+from harness.clip import ClipPolicy
 from harness.clip.nonfinite import NonFinite
 from harness.env import Env, Trajectory
 from harness.losses import WeightedLoss
@@ -44,10 +47,9 @@ from harness.memory import segmented_forward_backward
 from harness.optim import Optimizer
 from harness.params import ParamSet
 from harness.schedules import Schedule
-from harness.stats import FlatStats
 from harness.tasks import OpenLoop, Task, prepare, rollout
+from harness.training.groups import UpdateRule
 from harness.training.state import TrainState
-from harness.transform import Shared, chain, project_to_bounds
 
 __all__ = [
     "CAPTURE_MODES",
@@ -56,7 +58,7 @@ __all__ = [
     "TrainStep",
     "capture_blocker",
     "check_capture",
-    "record_rollout",
+    "taped_rollout",
     "training_update",
     "zero_grads",
 ]
@@ -69,23 +71,27 @@ class CaptureError(RuntimeError):
     """``capture=true`` was asked for and something in the run cannot be captured."""
 
 
-FIXED_COLUMNS: dict[str, Callable[[TrainStep], wp.array]] = {
-    "loss/total": lambda s: s.loss.total,
-    "optim/grad_norm_pre": lambda s: s.stats_pre.norm,
-    "optim/grad_norm_post": lambda s: s.stats_post.norm,
-    "optim/clip_coef": lambda s: s.state.clip["coef"],
-    "optim/clipped": lambda s: s.state.clip["clipped"],
-    "optim/skipped": lambda s: s.state.nonfinite["skip"],
-    "optim/grad_max_abs": lambda s: s.stats_pre.max_abs,
-    "optim/nonfinite": lambda s: s.stats_pre.nonfinite,
-}
-"""History columns every run has, in order, with the device scalar each is read from;
-loss terms, per-parameter norms and the optimizer's, schedule's and clip policy's own
-scalars follow."""
+FIXED_COLUMNS = (
+    tags.LOSS_TOTAL,
+    *(
+        tags.optim(stat)
+        for stat in (
+            tags.GRAD_NORM_PRE,
+            tags.GRAD_NORM_POST,
+            tags.CLIP_COEF,
+            tags.CLIPPED,
+            tags.SKIPPED,
+            tags.GRAD_MAX_ABS,
+            tags.NONFINITE,
+        )
+    ),
+)
+"""History columns every single-group run has, in order (:meth:`harness.training.groups.Group.columns`);
+loss terms, per-parameter norms and the optimizer's, schedule's and clip policy's own scalars follow."""
 
 
 @wp.kernel
-def _record_row_kernel(
+def _write_row_kernel(
     counter: wp.array(dtype=wp.int32),
     rows: int,
     address: wp.array(dtype=wp.uint64),
@@ -108,17 +114,18 @@ def _advance_kernel(counter: wp.array(dtype=wp.int32)):
     counter[0] = counter[0] + 1
 
 
-def zero_grads(env: Env, loss: WeightedLoss, params: ParamSet, task: Task | None = None) -> None:
-    """Zero every gradient buffer a run owns: parameters, env internals, loss, the task's own
-    buffers (never ``tape.zero()``)."""
-    params.zero_grad()
+def zero_grads(env: Env, loss: WeightedLoss, params: ParamSet | list[ParamSet], task: Task | None = None) -> None:
+    """Zero every gradient buffer a run owns: every group's parameters, env internals, loss,
+    the task's own buffers (never ``tape.zero()``)."""
+    for group in params if isinstance(params, list) else [params]:
+        group.zero_grad()
     env.zero_grad()
     loss.zero()
     if task is not None:
         task.zero_grad(env)
 
 
-def record_rollout(
+def taped_rollout(
     env: Env, task: Task, loss: WeightedLoss, params: ParamSet, *, adjoint: AdjointClipper | None = None
 ) -> tuple[wp.Tape, Trajectory, wp.array]:
     """Zero every gradient, then record rollout + loss on a fresh tape (``tape.backward(total)`` next).
@@ -135,7 +142,7 @@ def record_rollout(
     """
     if env.segment_steps is not None:  # its States are reused by every segment: one tape would read overwritten values
         raise ValueError(
-            f"record_rollout: env '{env.name}' runs in segments of {env.segment_steps} steps; "
+            f"taped_rollout: env '{env.name}' runs in segments of {env.segment_steps} steps; "
             "use harness.memory.segmented_forward_backward"
         )
     zero_grads(env, loss, params, task)
@@ -184,7 +191,7 @@ def check_capture(
     holder: dict[str, Any] = {}
 
     def run() -> None:
-        holder["tape"], holder["trajectory"], holder["total"] = record_rollout(env, task, loss, params)
+        holder["tape"], holder["trajectory"], holder["total"] = taped_rollout(env, task, loss, params)
         holder["tape"].backward(holder["total"])
 
     def snapshot() -> dict[str, np.ndarray]:
@@ -239,11 +246,11 @@ def capture_blocker(env: Env, device: wp.context.Device, components: dict[str, A
 
 
 def training_update(clip: ClipPolicy, schedule: Schedule, optimizer: Optimizer, nonfinite: str = "skip") -> NonFinite:
-    """The trainer's update as one transformation: ``nonfinite`` (``skip``, ``zero`` or
-    ``error``) around the chain of the clip policy, the schedule, the optimizer and the
-    parameter bounds (state keys ``nonfinite/``, ``clip/``, ``schedule/``, ``optim/``)."""
-    inner = chain(("clip", clip), ("schedule", schedule), ("optim", optimizer), ("bounds", project_to_bounds()))
-    return with_nonfinite(inner, nonfinite)
+    """The trainer's update of one group as one transformation: ``nonfinite`` (``skip``,
+    ``zero`` or ``error``) around the chain of the clip policy, the schedule, the optimizer and
+    the parameter bounds (state keys ``nonfinite/``, ``clip/``, ``schedule/``, ``optim/``);
+    :meth:`harness.training.groups.UpdateRule.transform`."""
+    return UpdateRule(optimizer, clip, schedule, nonfinite).transform()
 
 
 class TrainStep:
@@ -253,16 +260,13 @@ class TrainStep:
         env: The simulation.
         task: What the parameters are (how they drive the rollout).
         loss: The loss, bound to the env's observables.
-        optimizer: The optimizer.
-        clip: The clip policy.
-        schedule: The learning-rate schedule.
-        update: The update of :func:`training_update` over these three.
-        shared: The arrays its members published at init (its ``stats`` are set here).
-        state: The training state (parameters and the update's state).
+        state: The training state: the parameter groups (each with its parameters and
+            gradient, its update and its statistics) and what the task carries.
         rows: Rows of the device history, i.e. iterations between two read-backs.
         adjoint: Clipping inside backward (off by default).
 
     Attributes:
+        groups: The parameter groups by name (``state.groups``).
         columns: The history's column tags, in order.
         history: float32 ``(rows, len(columns))``: one row of scalars per iteration, at
             row ``iteration % rows``.
@@ -278,26 +282,19 @@ class TrainStep:
 
     def __init__(
         self,
-        *,
         env: Env,
         task: Task,
         loss: WeightedLoss,
-        optimizer: Optimizer,
-        clip: ClipPolicy,
-        schedule: Schedule,
-        update: NonFinite,
-        shared: Shared,
         state: TrainState,
+        *,
         rows: int,
         adjoint: AdjointSettings | None = None,
     ):
         adjoint = adjoint or AdjointSettings()
-        self.env, self.task, self.loss = env, task, loss
-        self.optimizer, self.clip, self.schedule = optimizer, clip, schedule
-        self.update, self.shared = update, shared
-        self.state = state
-        params = state.params
-        self.device = params.device
+        self.env, self.task, self.loss, self.state = env, task, loss, state
+        self.groups = state.groups
+        primary = state.primary
+        self.device = primary.params.device
         self.adjoint = (
             AdjointClipper(
                 horizon=env.horizon, world_count=env.world_count, max_norm=adjoint.max_norm, device=self.device
@@ -305,42 +302,33 @@ class TrainStep:
             if adjoint.active
             else None
         )
-        self.stats_pre = FlatStats(params)
-        self.shared.stats = self.stats_pre  # what the update's first member sees
-        self.stats_post = FlatStats(params)
-        self.stats_param = FlatStats(params)
-        self.stats_update = FlatStats(params)
-        self.grad_pre = wp.zeros_like(params.grad)
-        # Values only: a copy into a buffer that has a gradient would copy params.grad along.
-        self.eval_before = wp.zeros_like(params.data, requires_grad=False)
-        self._train_point = wp.zeros_like(params.data, requires_grad=False)
-        # The parameters the last rollout ran with (plots): eval_before holds them already
-        # unless the optimizer evaluates elsewhere (ScheduleFree's x).
-        # The array the evaluation point lives in (a fixed buffer: params.data, or ScheduleFree's x).
-        self._eval_point = optimizer.eval_params(params, state.optim)
-        self._rollout_copy = self._eval_point is not params.data
+        # The parameters the last rollout ran with (plots): the primary group's eval_before
+        # holds them already unless the optimizer evaluates elsewhere (ScheduleFree's x).
         self.rollout_params = (
-            wp.zeros_like(params.data, requires_grad=False) if self._rollout_copy else self.eval_before
+            wp.zeros_like(primary.params.data, requires_grad=False)
+            if primary.evaluates_elsewhere
+            else primary.eval_before
         )
         self.counter = wp.zeros(1, dtype=wp.int32, device=self.device)
 
-        sources: list[tuple[str, wp.array, int]] = [(tag, get(self), 0) for tag, get in FIXED_COLUMNS.items()]
-        sources += [(f"loss/{name}", loss.term_values, k) for k, name in enumerate(loss.term_names)]
-        norms = self.stats_pre.segment_norm
-        sources += [(f"optim/grad_norm_pre/{name}", norms, k) for k, name in enumerate(params.names)]
-        extra: dict[str, wp.array] = {}
-        if "threshold" in state.clip:
-            extra["optim/clip_threshold"] = state.clip["threshold"]
+        groups = list(self.groups.values())
+        sources: list[tuple[str, wp.array, int]] = [(tags.LOSS_TOTAL, loss.total, 0)]
+        sources += groups[0].columns()[:7]  # the fixed columns of the primary group first
+        sources += [(tags.loss_term(name), loss.term_values, k) for k, name in enumerate(loss.term_names)]
+        sources += groups[0].columns()[7:]
+        for group in groups[1:]:
+            sources += group.columns()
         if self.adjoint is not None and self.adjoint.scales:
-            extra["through_time/clipped"] = self.adjoint.rescaled
-        sources += task.columns(params, loss)
-        extra.update(optimizer.scalars(state.optim))
-        extra.update(schedule.scalars(state.schedule))
-        sources += [(tag, array, 0) for tag, array in extra.items()]
+            sources.append((tags.ADJOINT_CLIPPED, self.adjoint.rescaled, 0))
+        sources += task.columns(primary.params, loss)
         for tag, array, _ in sources:
             if array.dtype not in (wp.float32, wp.int32) or array.device != self.device:
                 raise TypeError(f"logged device scalar '{tag}' must be float32 or int32 on {self.device}")
         self.columns = [tag for tag, _, _ in sources]
+        if len(set(self.columns)) != len(self.columns):
+            raise ValueError(
+                f"two history columns share a tag: {sorted(t for t in self.columns if self.columns.count(t) > 1)}"
+            )
         self._sources = [array for _, array, _ in sources]  # keep the addressed arrays alive
         self._column_address = wp.array(
             np.array([a.ptr for _, a, _ in sources], np.uint64), dtype=wp.uint64, device=self.device
@@ -358,13 +346,40 @@ class TrainStep:
         self.trajectory: Trajectory | None = None
         self._tape: Any = None  # the tape (or what a segmented backward kept) a captured graph references
         self._timed = True
-        self._member_time: dict[str, float] = {}
-        self.shared.timing = self._member_time  # host seconds of each member of the update (eager)
         self.timing = dict.fromkeys(
             ("forward", "backward", "adjoint_clip", "grad_stats_clip", "optim", "capture", "graph"), 0.0
         )
 
+    # -- the primary group, for single-group runs and their tests ----------------------------
+
+    @property
+    def params(self) -> ParamSet:
+        return self.state.primary.params
+
+    @property
+    def stats_pre(self) -> Any:
+        return self.state.primary.stats_pre
+
+    @property
+    def stats_post(self) -> Any:
+        return self.state.primary.stats_post
+
+    @property
+    def optimizer(self) -> Optimizer:
+        return self.state.primary.optimizer
+
+    @property
+    def clip(self) -> ClipPolicy:
+        return self.state.primary.clip
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.state.primary.schedule
+
     # -- the iteration --------------------------------------------------------------------
+
+    def all_params(self) -> list[ParamSet]:
+        return [group.params for group in self.groups.values()]
 
     def forward_backward(self) -> Trajectory:
         """Zero all gradients, record rollout + loss on a fresh tape, run backward; with
@@ -372,18 +387,19 @@ class TrainStep:
         whose time counts as ``backward``: it re-runs the forward pass segment by segment)."""
         t0 = time.perf_counter()
         adjoint_before = self.adjoint.elapsed_s if self.adjoint is not None else 0.0
+        params = self.state.primary.params
         # A graph replays launches that reference what the tape holds: keep it (or, with
         # segments, what each segment's tape held) until the next iteration.
         with self.task.training(self.counter):
             if self.env.segment_steps is not None:
-                zero_grads(self.env, self.loss, self.state.params, self.task)
+                zero_grads(self.env, self.loss, self.all_params(), self.task)
                 self._tape, self.trajectory, _ = segmented_forward_backward(
-                    self.env, self.task, self.loss, self.state.params, adjoint=self.adjoint
+                    self.env, self.task, self.loss, params, adjoint=self.adjoint
                 )
                 t1 = t0
             else:
-                self._tape, self.trajectory, total = record_rollout(
-                    self.env, self.task, self.loss, self.state.params, adjoint=self.adjoint
+                self._tape, self.trajectory, total = taped_rollout(
+                    self.env, self.task, self.loss, params, adjoint=self.adjoint
                 )
                 t1 = time.perf_counter()
                 self._tape.backward(total)
@@ -395,33 +411,30 @@ class TrainStep:
             self.timing["adjoint_clip"] += adjoint_s
         return self.trajectory
 
+    def apply(self, name: str) -> None:
+        """Update group ``name`` from its gradient (:meth:`harness.training.groups.Group.apply`)."""
+        stats_clip_s, rest_s = self.groups[name].apply()
+        if self._timed:
+            self.timing["grad_stats_clip"] += stats_clip_s
+            self.timing["optim"] += rest_s
+
     def iteration(self) -> None:
         """Issue every launch of one iteration (eagerly, or into a capture in progress)."""
-        state, params = self.state, self.state.params
-        if self._rollout_copy:
-            wp.copy(self.rollout_params, params.data)
-        self.forward_backward()
+        primary = self.state.primary
+        if primary.evaluates_elsewhere:
+            wp.copy(self.rollout_params, primary.params.data)
+        self.task.iterate(self)
         t0 = time.perf_counter()
-        self.stats_pre.compute(params.grad)
-        wp.copy(self.grad_pre, params.grad)
-        wp.copy(self.eval_before, self._eval_point)
-        t1 = time.perf_counter()
-        clip_before = self._member_time.get("clip", 0.0)
-        self.update.update(params, state.update, self.shared)
-        self.stats_post.compute(params.grad)
         wp.launch(
-            _record_row_kernel,
+            _write_row_kernel,
             dim=len(self.columns),
             inputs=[self.counter, self.rows, self._column_address, self._column_index, self._column_int],
             outputs=[self.history],
             device=self.device,
         )
         wp.launch(_advance_kernel, dim=1, inputs=[self.counter], device=self.device)
-        t2 = time.perf_counter()
         if self._timed:
-            clip_s = self._member_time.get("clip", 0.0) - clip_before
-            self.timing["grad_stats_clip"] += t1 - t0 + clip_s
-            self.timing["optim"] += t2 - t1 - clip_s
+            self.timing["optim"] += time.perf_counter() - t0
 
     def run(self) -> None:
         """One iteration: a replay of the captured graph when there is one, else eagerly."""
@@ -466,24 +479,28 @@ class TrainStep:
         wp.synchronize_device(self.device)
         return self.history.numpy()[first % self.rows : last % self.rows + 1]
 
+    def check(self) -> None:
+        """Every group's ``error`` non-finite check (a host read; log steps only)."""
+        for group in self.groups.values():
+            group.check()
+
     def log_values(self) -> dict[str, Any]:
         """Host values taken at log steps only, after the iteration ran.
 
         Returns:
-            ``optim/param_norm`` and ``optim/update_ratio`` (of the evaluated parameters), ``grad_pre``
-            (the pre-clip gradient of every parameter, for histograms) and, with the
-            adjoint clip or profile on, ``adjoint_profile`` ``(horizon, world_count)``; for a
-            task whose actions are computed (a policy), ``actions`` of the latest rollout.
+            ``scalars``: every group's parameter norm and update ratio (of the evaluated
+            parameters), by tag; ``histograms``: every parameter's pre-clip gradient, by tag;
+            with the adjoint clip or profile on, ``adjoint_profile`` ``(horizon, world_count)``;
+            for a task whose actions are computed (a policy), ``actions`` of the latest rollout.
         """
-        x = self.eval_params()
-        self.stats_param.compute(x)
-        self.stats_update.compute(x, minus=self.eval_before)
-        param_norm = float(self.stats_param.norm.numpy()[0])
-        values: dict[str, Any] = {
-            "optim/param_norm": param_norm,
-            "optim/update_ratio": float(self.stats_update.norm.numpy()[0]) / max(param_norm, 1e-12),
-            "grad_pre": self.state.params.split(self.grad_pre.numpy()),
-        }
+        scalars: dict[str, float] = {}
+        histograms: dict[str, np.ndarray] = {}
+        for group in self.groups.values():
+            found = group.log_values()
+            for name, grad in found.pop("grad_pre").items():
+                histograms[tags.grad_hist(name, group.tag_group)] = grad
+            scalars.update(found)
+        values: dict[str, Any] = {"scalars": scalars, "histograms": histograms}
         if self.adjoint is not None:
             values["adjoint_profile"] = self.adjoint.profile()
         actions = self.task.rollout_actions(self.env)
@@ -491,30 +508,35 @@ class TrainStep:
             values["actions"] = actions.numpy()
         return values
 
-    def eval_params(self) -> wp.array:
-        """The flat parameters to evaluate and export (ScheduleFree's average x, else the parameters)."""
-        return self.optimizer.eval_params(self.state.params, self.state.optim)
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint must share with this run (:func:`harness.checkpoint.check_identity`):
+        the env, and per group the parameter layout and the update's members by name (a
+        single-group run: ``layout``, ``optimizer``, ``schedule``, ``clip`` at the top, as
+        checkpoints always recorded them)."""
+        groups = {name: group.identity() for name, group in self.groups.items()}
+        if len(groups) == 1:
+            return {"env": self.env.name, **next(iter(groups.values()))}
+        return {"env": self.env.name, "groups": groups}
 
-    @contextlib.contextmanager
-    def at_eval_params(self) -> Iterator[ParamSet]:
-        """The parameters, holding the evaluation point inside the block (ScheduleFree's
-        average x); the training point is put back after it."""
-        params = self.state.params
-        x = self.eval_params()
-        swap = x.ptr != params.data.ptr
-        if swap:
-            wp.copy(self._train_point, params.data)
-            wp.copy(params.data, x)
-        try:
-            yield params
-        finally:
-            if swap:
-                wp.copy(params.data, self._train_point)
+    def eval_params(self) -> wp.array:
+        """The primary group's flat parameters to evaluate and export (ScheduleFree's average x)."""
+        return self.state.primary.eval_params()
+
+    def at_eval_params(self) -> contextlib.ExitStack:
+        """Every group holding its evaluation point inside the block (ScheduleFree's average x)."""
+        stack = contextlib.ExitStack()
+        for group in self.groups.values():
+            stack.enter_context(group.at_eval_params())
+        return stack
 
     def evaluate(self) -> tuple[float, dict[str, Any]]:
         """Loss and env figures at the evaluation parameters (an eager rollout without a tape)."""
-        with self.at_eval_params() as params:
+        with self.at_eval_params():
             self.loss.zero()
-            trajectory = rollout(self.env, self.task, params)
+            trajectory = rollout(self.env, self.task, self.state.primary.params)
             total = self.loss(trajectory)
             return float(total.numpy()[0]), self.env.describe(trajectory)
+
+    def eval_values(self) -> dict[str, dict[str, np.ndarray]]:
+        """Host copies of every group's evaluated parameters, by group and name."""
+        return {name: group.params.split(group.eval_params().numpy()) for name, group in self.groups.items()}

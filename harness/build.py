@@ -1,0 +1,417 @@
+"""Typed objects from a validated config: the one place a composed config becomes a run.
+
+:func:`validate` builds every object that has no side effect (the task, the loss, each
+parameter group's optimizer, clip policy and schedule) and checks them against each other
+and against the env's config; :func:`build_env` builds the env (this compiles its kernels);
+:func:`build_run` does both; :func:`precheck` checks a whole command line before Hydra
+creates a folder. Everything below this module receives plain Python objects; the commands
+(:mod:`harness.commands`) sit above it. Every error is a one-line
+:class:`~harness.config.ConfigError` naming the field and what is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from harness import checkpoint
+from harness.config import (
+    ConfigError,
+    TrainSettings,
+    check_capture_setting,
+    check_env_fields,
+    check_saved_config,
+    check_writable,
+    compose_command,
+    first_line,
+    renamed_target,
+    segment_steps,
+)
+from harness.config import validate as validate_values
+
+__all__ = ["Run", "build_clip", "build_env", "build_run", "precheck", "validate"]
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything a training run needs, as typed objects.
+
+    Attributes:
+        rules: The update rule of every further parameter group of the task, by name (SHAC's
+            ``critic``); the first group's is ``optimizer``, ``clip``, ``schedule``, ``nonfinite``.
+    """
+
+    env: Any
+    loss: Any
+    optimizer: Any
+    clip: Any
+    schedule: Any
+    settings: TrainSettings
+    task: Any = None
+    segment_steps: int | None = None  # memory.segment_steps resolved for the env (the env is built with it)
+    adjoint: Any = None  # clip.adjoint: harness.adjoint.AdjointSettings
+    nonfinite: str = "skip"  # clip.nonfinite: the wrapper around the trainer's update
+    rules: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def trainer(self, settings: TrainSettings | None = None) -> Any:
+        """The :class:`~harness.training.Trainer` of this run (optionally with other loop settings)."""
+        from harness.training import Trainer
+
+        return Trainer(
+            self.env,
+            self.loss,
+            self.optimizer,
+            self.clip,
+            settings or self.settings,
+            schedule=self.schedule,
+            task=self.task,
+            adjoint=self.adjoint,
+            nonfinite=self.nonfinite,
+            rules=self.rules,
+        )
+
+
+def _instantiate(cfg: DictConfig | dict, group: str, **kwargs: Any) -> Any:
+    section = cfg[group]
+    target = section.get("_target_") if hasattr(section, "get") else None
+    if renamed_target(target):
+        raise ConfigError(f"{group}._target_: '{target}' was renamed; use {renamed_target(target)}")
+    try:
+        return hydra.utils.instantiate(cfg[group], _convert_="all", **kwargs)
+    except hydra.errors.InstantiationException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ValueError):
+            raise ConfigError(str(cause).splitlines()[0]) from None
+        raise ConfigError(f"{group}: could not be built ({str(cause or exc).splitlines()[0]})") from None
+
+
+CLIP_SETTINGS = ("nonfinite", "adjoint")
+"""Keys of the ``clip`` group that are not arguments of the policy's factory
+(``configs/base/clip.yaml``): the non-finite wrapper and clipping inside backward."""
+
+
+def build_clip(cfg: DictConfig | Mapping[str, Any]) -> tuple[Any, str, Any]:
+    """The ``clip`` section as the policy, the non-finite mode and the adjoint settings.
+
+    ``_target_`` and its arguments build the policy; ``clip.nonfinite`` picks the wrapper
+    around the group's whole update (:class:`harness.training.groups.UpdateRule`),
+    ``clip.adjoint`` the :class:`~harness.adjoint.AdjointSettings`.
+
+    Raises:
+        ConfigError: One line naming the field and what is accepted.
+    """
+    from harness.adjoint import AdjointSettings
+    from harness.clip.nonfinite import check_mode
+
+    section = cfg["clip"]
+    section = OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else dict(section)
+    settings = {key: section.pop(key) for key in CLIP_SETTINGS if key in section}
+    policy = _instantiate({"clip": section}, "clip")
+    try:
+        return policy, check_mode(settings.get("nonfinite", "skip")), AdjointSettings.parse(settings.get("adjoint"))
+    except ValueError as exc:
+        raise ConfigError(first_line(exc)) from None
+
+
+def build_rule(section: Mapping[str, Any], where: str) -> Any:
+    """The :class:`~harness.training.groups.UpdateRule` a further parameter group's section
+    describes: its ``optim``, ``clip`` and ``schedule`` (each a ``_target_`` node, as the
+    top-level groups; ``clip`` and ``schedule`` optional).
+
+    Raises:
+        ConfigError: One line naming ``<where>.<field>``.
+    """
+    from harness.training.groups import UpdateRule
+
+    if "optim" not in section:
+        raise ConfigError(f"{where}.optim: required (the group's optimizer, e.g. _target_: harness.optim.adam)")
+    try:
+        optimizer = _instantiate(section, "optim")
+        clip, nonfinite, adjoint = build_clip(section) if section.get("clip") is not None else (None, "skip", None)
+        schedule = _instantiate(section, "schedule") if section.get("schedule") is not None else None
+    except ConfigError as exc:
+        raise ConfigError(f"{where}.{exc}") from None
+    if adjoint is not None and adjoint.active:
+        raise ConfigError(f"{where}.clip.adjoint: clipping inside backward is the first group's; accepted: null")
+    return UpdateRule(optimizer, clip, schedule, nonfinite)
+
+
+def validate(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> Run:
+    """Check everything that can be checked without compiling a kernel or writing a file.
+
+    Returns:
+        The run with every side-effect-free object built and ``env`` still None.
+    """
+    checked = validate_values(cfg)
+    env_class, env_fields = checked.env_class, checked.env_config
+    task = _instantiate(cfg, "task")
+    try:
+        missing = task.missing_role(env_class)
+        if missing is not None:
+            raise ValueError(missing)
+        task.check_env(env_class.name, env_fields)
+        task.check(env_fields)
+        loss = task.replace_loss(_instantiate(cfg, "loss"))
+        loss.check(env_fields.observable_dims())
+        task.check_loss(loss)
+    except ValueError as exc:
+        raise ConfigError(first_line(exc)) from None
+    steps = segment_steps(cfg, env_class, task.training_config(env_fields))
+    try:
+        task.check_segments(steps, env_fields)
+    except ValueError as exc:
+        raise ConfigError(first_line(exc)) from None
+    check_capture_setting(checked.settings, env_class)
+    clip, nonfinite, adjoint = build_clip(cfg)
+    rules = {}
+    for group, where in task.group_settings().items():
+        section = OmegaConf.select(cfg, where)
+        if section is None:
+            raise ConfigError(f"{where}: required (the optimizer, clip and schedule of parameter group '{group}')")
+        rules[group] = build_rule(section, where)
+    return Run(
+        env=None,
+        loss=loss,
+        optimizer=_instantiate(cfg, "optim"),
+        clip=clip,
+        adjoint=adjoint,
+        nonfinite=nonfinite,
+        schedule=_instantiate(cfg, "schedule") if cfg.get("schedule") is not None else None,
+        settings=checked.settings,
+        task=task,
+        segment_steps=steps,
+        rules=rules,
+    )
+
+
+_PREBUILT: dict[tuple[str, str | None, int | None], Any] = {}
+"""The env the command line's early check built (:func:`precheck`), by (resolved env
+config, device, ``memory.segment_steps``), handed once to the run's :func:`build_run`."""
+
+
+def build_env(
+    cfg: DictConfig, device: str | None, steps: int | None = None, task: Any = None, *, evaluation: bool = False
+) -> Any:
+    """Build the env of ``cfg`` (this compiles its kernels), in segments of ``steps`` steps
+    when given (``Run.segment_steps``, from :func:`validate`), with the config ``task``
+    trains on when given (:meth:`harness.tasks.Task.training_config`), or evaluates on
+    with ``evaluation`` (:meth:`harness.tasks.Task.evaluation_config`).
+
+    Raises:
+        ConfigError: One line when the env's own code raises while building.
+    """
+    env_class, env_config = check_env_fields(cfg)
+    if task is not None:
+        env_config = task.evaluation_config(env_config) if evaluation else task.training_config(env_config)
+    try:
+        return env_class(env_config, device=device, **({"segment_steps": steps} if steps is not None else {}))
+    except Exception as exc:
+        raise ConfigError(
+            f"env: building {env_class.__module__}.{env_class.__qualname__} failed: "
+            f"{type(exc).__name__}: {first_line(exc)}"
+        ) from None
+
+
+def _env_key(cfg: DictConfig, run: Run) -> tuple[str, str | None, int | None]:
+    return OmegaConf.to_yaml(cfg.env, resolve=True), run.settings.device, run.segment_steps
+
+
+def build_run(cfg: DictConfig, choices: Mapping[str, Any] | None = None, *, evaluation: bool = False) -> Run:
+    """Validate the whole config, then build the env (this compiles its kernels), or take
+    the one :func:`precheck` built for this very env config and device. ``evaluation``
+    builds the env a run is evaluated on (a windowed policy's whole episode)."""
+    run = validate(cfg, choices)
+    if evaluation:
+        run.env = build_env(cfg, run.settings.device, None, run.task, evaluation=True)
+        return run
+    run.env = _PREBUILT.pop(_env_key(cfg, run), None) or build_env(
+        cfg, run.settings.device, run.segment_steps, run.task
+    )
+    return run
+
+
+def precheck(config_name: str, args: list[str]) -> Path | None:
+    """Validate a command line before Hydra creates any folder.
+
+    Checks the override syntax, every config-group choice, composes the config (with
+    only the values shared by all jobs in a multirun), validates it, checks that the
+    output folder can be written and that a checkpoint to resume from fits this run, all
+    before any kernel compiles. Then, for a single run, builds the env (kept for the run:
+    :func:`build_env`), so a user's env that raises while building writes nothing either.
+    Raises :class:`ConfigError` with one line.
+
+    Returns:
+        The run folder a ``resume=<path>`` continues in, else None.
+    """
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    overrides = [a for a in args if not a.startswith("-")]
+    cfg, choices, parsed = compose_command(config_name, overrides, multirun=multirun)
+    run = validate(cfg, choices)
+    given = {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
+    field = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    default_root = "multirun" if multirun else "outputs"
+    check_writable(field, Path(str(given.get(field, default_root))))
+    resume = cfg.get("resume")
+    if multirun:
+        if resume not in (None, "auto"):
+            raise ConfigError(
+                "resume: a checkpoint path cannot be shared by the jobs of a multirun; accepted: null, auto"
+            )
+        return None
+    folder = None if resume is None else check_resume(str(resume), given.get("hydra.run.dir"), cfg, run)
+    _PREBUILT.clear()
+    # a failure while building writes nothing
+    _PREBUILT[_env_key(cfg, run)] = build_env(cfg, run.settings.device, run.segment_steps, run.task)
+    return folder
+
+
+def check_resume(resume: str, run_dir: Any, cfg: DictConfig, run: Run) -> Path | None:
+    """Verify the checkpoint a resume would read before anything runs.
+
+    Checks the file (checksum), that it belongs to this problem (env, parameter shapes,
+    every config value except :data:`harness.config.RESUME_MAY_CHANGE`) and that
+    ``iterations`` reaches it. Returns the run folder a ``resume=<path>`` continues in (None
+    for ``auto``).
+    """
+    if resume == "auto" and run_dir is None:
+        return None  # a fresh Hydra folder has no checkpoint: auto starts from scratch
+    try:
+        path = checkpoint.resolve(resume, Path(str(run_dir)) if run_dir is not None else Path("."))
+        if path is None:
+            return None
+        saved = checkpoint.load(path)
+    except checkpoint.CheckpointError as exc:
+        raise ConfigError(str(exc)) from None
+    path = path.absolute()
+    run_folder = None
+    if resume != "auto":
+        if path.parent.name != "checkpoints":
+            raise ConfigError(
+                f"resume: '{path}' is not inside a run's checkpoints/ folder; "
+                "accepted: auto, a run folder or <run>/checkpoints/ckpt_*.hckpt"
+            )
+        run_folder = path.parent.parent
+        if run_dir is not None and Path(str(run_dir)).resolve() != run_folder.resolve():
+            raise ConfigError(
+                f"resume: '{path}' belongs to run folder '{run_folder}'; drop hydra.run.dir or set it to that folder"
+            )
+    env_class, env_config = check_env_fields(cfg)
+    try:
+        checkpoint.check_fits(
+            saved, path, env=env_class.name, shapes=run.task.flat_shapes(env_config), iterations=cfg.iterations
+        )
+    except checkpoint.CheckpointError as exc:
+        raise ConfigError(str(exc)) from None
+    check_saved_config(saved, cfg, path)
+    return run_folder
+
+
+def evaluation_config(cfg: DictConfig, task_class: Any = None) -> None:
+    """Turn a run's composed config into the one it is evaluated with, in place: no segments,
+    and every task setting that only shapes training (:attr:`harness.tasks.Task.training_only`,
+    such as a policy's ``window``) unset: a run is evaluated over whole episodes."""
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        cfg.memory.segment_steps = None
+        for key in getattr(task_class, "training_only", ()):
+            if key in cfg.task:
+                cfg.task[key] = None
+
+
+@dataclasses.dataclass
+class TrainedRun:
+    """A run rebuilt from its folder with a checkpoint loaded (:func:`trained_run`).
+
+    Attributes:
+        run: The run's objects (its env built for evaluation: whole episodes).
+        trainer: Its trainer, every parameter group holding the checkpoint's values.
+        checkpoint: The checkpoint loaded.
+        choices: The run's config-group choices (``task``, ``env``, ...).
+    """
+
+    run: Run
+    trainer: Any
+    checkpoint: checkpoint.Checkpoint
+    choices: dict[str, Any]
+
+    def load(self) -> None:
+        """Load the checkpoint into every parameter group (and what the task carries that an
+        evaluation uses).
+
+        Raises:
+            harness.runs.RunError: One line: the checkpoint's arrays do not fit.
+        """
+        from harness.runs import RunError
+
+        state = self.trainer.step.state
+        mine = state.arrays()
+        try:
+            # a windowed policy's checkpoint also holds the state its training carried between
+            # windows; an evaluation rolls whole episodes from the env's own starts and needs none of it
+            state.load({k: v for k, v in self.checkpoint.arrays.items() if not k.startswith("task/") or k in mine})
+        except ValueError as exc:
+            raise RunError(f"checkpoint: '{self.checkpoint.path}' does not fit this run ({exc})") from None
+
+
+def trained_run(
+    folder: Any,
+    overrides: list[str] = (),
+    *,
+    checkpoint_name: str | None = None,
+    device: str | None = None,
+    load: bool = True,
+) -> TrainedRun:
+    """Rebuild a run folder's run with other ``env.<field>=value`` overrides and load its newest
+    (or ``checkpoint_name``) checkpoint: what ``evaluate``, ``render`` and ``diagnose`` start from.
+
+    The env is built for evaluation (whole episodes from the env's own starts, no segments);
+    overrides that change a parameter's shape are refused, and the checkpoint's identity
+    (env, layout, optimizer, schedule, clip policy) is checked as a resume checks it.
+
+    Args:
+        folder: The :class:`harness.runs.RunFolder`.
+        overrides: Further overrides (after the run's own).
+        checkpoint_name: A checkpoint file, or None for the newest.
+        device: The Warp device to rebuild on (None: the run's own setting).
+        load: Load the checkpoint (else the parameters stay where training started;
+            :meth:`TrainedRun.load` loads it later).
+
+    Raises:
+        harness.runs.RunError: One line naming what does not fit.
+    """
+    from harness.runs import RunError
+
+    command = folder.command
+    saved = folder.checkpoint(checkpoint_name)
+    path = saved.path
+    extra = [f"device={device}"] if device else []
+    try:
+        cfg, choices, _ = compose_command("train", [*folder.overrides, *overrides, *extra])
+        task_class = hydra.utils.get_class(cfg.task._target_) if "_target_" in cfg.task else None
+        evaluation_config(cfg, task_class)
+        run = build_run(cfg, choices, evaluation=True)
+    except (ConfigError, ImportError) as exc:
+        raise RunError(f"{command}: {first_line(exc)}") from None
+    mine = run.task.flat_shapes(run.env.config)
+    theirs, _ = checkpoint.flat_identity(saved.meta)
+    if saved.meta.get("env") == run.env.name and mine != theirs:
+        changed = next(name for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name))
+        raise RunError(
+            f"{command}: {' '.join(overrides) or 'the config'} changes parameter '{changed}' from shape "
+            f"{theirs.get(changed)} to {mine.get(changed)}; accepted: overrides that keep the trained shapes"
+        )
+    try:
+        trainer = run.trainer()
+        checkpoint.check_identity(saved, path, trainer.step.identity(), field="checkpoint")
+    except (ValueError, checkpoint.CheckpointError) as exc:
+        raise RunError(first_line(exc)) from None
+    trained = TrainedRun(run, trainer, saved, dict(choices))
+    if load:
+        trained.load()
+    return trained

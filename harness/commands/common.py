@@ -1,0 +1,174 @@
+"""What the commands share: one-line failures, Hydra's own flags, run-folder overrides, and
+running a Hydra command line.
+
+A command module (:mod:`harness.commands.train`, ...) parses its arguments, loads what it
+needs, runs and prints; what two of them need is here, so no command imports another.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from harness import config, init_warp
+
+# Our launcher presets share their names with the plugins' structured configs on purpose
+# (`hydra/launcher=joblib`); Hydra 1.3 warns about the name match. Set when a command is
+# imported, so launcher worker processes, which import the commands, inherit it.
+warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema")
+
+__all__ = [
+    "HYDRA_INFO_VALUES",
+    "HYDRA_INSPECT_FLAGS",
+    "HYDRA_VALUE_FLAGS",
+    "dirname_overrides",
+    "fail",
+    "run_dir_override",
+    "run_hydra",
+    "split_hydra_flags",
+]
+
+
+def fail(exc: Exception | str) -> NoReturn:
+    """Print ``error: <one line>`` to stderr and exit 2 (bad input; nothing was written)."""
+    print(f"error: {exc}", file=sys.stderr)
+    sys.exit(2)
+
+
+HYDRA_VALUE_FLAGS = frozenset(
+    {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
+    | {"--experimental-rerun"}
+)
+"""Hydra's own command-line flags that take a value (``--cfg job``, ``-cn my_train``)."""
+HYDRA_INFO_VALUES = frozenset({"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"})
+"""The values ``--info`` / ``-i`` may take (it also stands alone)."""
+HYDRA_INSPECT_FLAGS = frozenset(
+    {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc"}
+)
+"""Flags with which Hydra prints something and exits without running the command."""
+
+
+def split_hydra_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """Split a command line into Hydra's own flags (with their values) and overrides."""
+    flags: list[str] = []
+    overrides: list[str] = []
+    pending = False  # the previous flag takes the next word as its value
+    optional = False  # the previous flag (--info) may take the next word
+    for arg in args:
+        if pending or (optional and arg in HYDRA_INFO_VALUES):
+            flags.append(arg)
+            pending = optional = False
+            continue
+        optional = False
+        if arg.startswith("-"):
+            name = arg.split("=", 1)[0]
+            flags.append(arg)
+            pending = name in HYDRA_VALUE_FLAGS and "=" not in arg
+            optional = name in ("--info", "-i") and "=" not in arg
+        else:
+            overrides.append(arg)
+    return flags, overrides
+
+
+def run_dir_override(folder: str | Path) -> str:
+    """``hydra.run.dir=<folder>`` as Hydra parses it: quoted when the name holds characters
+    of Hydra's override grammar (job folders of a sweep are named like ``clip.max_norm=1,seed=2``)."""
+    text = str(folder)
+    if not any(c in text for c in ",=[]{}()'\" \\"):
+        return f"hydra.run.dir={text}"
+    return "hydra.run.dir='" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def dirname_overrides(args: list[str]) -> list[str]:
+    """Which overrides name a run's folder.
+
+    A single run's folder is ``outputs/<env>/<date>_<time>_<overrides>``: its command-line
+    overrides except the env (already the parent folder), ``resume``, ``device`` and
+    Hydra's own (never part of it), so runs side by side in TensorBoard can be told apart by name. In a
+    multirun, job folders are named by the swept values only: the command-line overrides
+    that are the same for every job (``+env=cartpole iterations=50``) would only make the
+    names long; what stays are the command-line sweeps and the sweeper's own parameters (an
+    experiment's ``hydra.sweeper.params``, Optuna's search space).
+
+    Returns an override setting ``hydra.job.config.override_dirname.exclude_keys``.
+    """
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    try:
+        parsed = OverridesParser.create().parse_overrides(split_hydra_flags(args)[1])
+    except Exception:  # Hydra reports malformed overrides itself
+        return []
+    if multirun:
+        keys = [o.key_or_group for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
+    else:
+        keys = [o.key_or_group for o in parsed if o.key_or_group in ("env", "resume", "device")]
+    if not keys:
+        return []
+    keys = ["hydra.run.dir", "hydra.sweep.dir", *dict.fromkeys(keys)]
+    return ["hydra.job.config.override_dirname.exclude_keys=[" + ",".join(f"'{k}'" for k in keys) + "]"]
+
+
+def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: list[str]) -> None:
+    """Run a Hydra command (``@hydra.main`` function ``main`` of ``configs/<config_name>.yaml``)
+    on the command line ``rest``: Hydra's flags pass through; otherwise the whole command line
+    is checked first (:func:`harness.build.precheck`: nothing is written and no kernel compiles
+    before it passes), a resume continues in its checkpoint's folder, the folders of
+    :data:`harness.config.CONFIG_PATH_VARIABLE` join the search path, and a run folder is named
+    by its overrides (:func:`dirname_overrides`)."""
+    from harness import build
+
+    init_warp()
+    flags, overrides = split_hydra_flags(rest)
+    if not any(f.split("=", 1)[0] in HYDRA_INSPECT_FLAGS for f in flags):  # --cfg, --info, --help run nothing
+        multirun = [f for f in flags if f in ("-m", "--multirun")]
+        try:
+            resume_folder = build.precheck(config_name, [*multirun, *overrides])
+        except config.ConfigError as exc:
+            fail(exc)
+        except KeyboardInterrupt:  # e.g. while the env is built: no folder exists yet
+            print("interrupted before training started; nothing was written", file=sys.stderr)
+            sys.exit(130)
+        if resume_folder is not None and not any(a.startswith("hydra.run.dir=") for a in overrides):
+            overrides = [*overrides, run_dir_override(resume_folder)]  # continue in the checkpoint's folder
+    try:
+        overrides = config.search_path_overrides(overrides)
+    except config.ConfigError as exc:
+        fail(exc)
+    # Overrides first, Hydra's flags last: its parser takes the overrides as one positional
+    # list, and a bare --info would take a following override as its value.
+    config.register_resolvers()
+    # Hydra 1.3's @hydra.main takes its command line from sys.argv only (no public argument
+    # for it): set for the call, restored afterwards.
+    saved = sys.argv
+    sys.argv = [f"harness {command}", *overrides, *dirname_overrides([*flags, *overrides]), *flags]
+    try:
+        main()
+    finally:
+        sys.argv = saved
+
+
+def run_folder_argument(
+    args: list[str], command: str, options: tuple[str, ...]
+) -> tuple[Path, dict[str, str], list[str]]:
+    """Split ``RUN_DIR [key=value ...]``: the run folder (a sweep's job folder may hold '='), the
+    command's own ``options`` and the remaining ``key=value`` overrides.
+
+    Raises:
+        ValueError: One line: not exactly one folder.
+    """
+    folders, found, overrides = [], {}, []
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if not eq or not key.replace(".", "").replace("_", "").isalnum():
+            folders.append(arg)
+        elif key in options:
+            found[key] = value
+        else:
+            overrides.append(arg)
+    if len(folders) != 1 or folders[0].startswith("-"):
+        raise ValueError(f"{command}: expects one run folder, e.g. python -m harness {command} outputs/cartpole/<time>")
+    return Path(folders[0]), found, overrides

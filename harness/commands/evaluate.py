@@ -1,0 +1,123 @@
+"""``python -m harness evaluate RUN_DIR [env.<field>=V ...] [checkpoint=PATH] [out=PATH] [device=NAME]``:
+roll a trained run out again, elsewhere.
+
+Loads a run's newest checkpoint (or ``checkpoint=<path>``), rebuilds its env with the run's
+own config plus ``env.<field>=value`` overrides (another seed, more worlds, a longer
+horizon), rolls out once at the evaluation parameters (ScheduleFree's average where the run
+used it), and writes ``eval.json``: the loss with its terms and the env's figures
+(``upright_fraction`` for the cartpole). The env is built as configured, whole horizon: a
+policy trained in windows is evaluated over full episodes, from the env's own initial states
+(``env.seed``). Overrides that would change a parameter's shape (an open-loop task's horizon
+or world count) are refused in one line: a checkpoint's parameters keep their shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from harness.commands.common import fail, run_folder_argument
+
+__all__ = ["evaluate_run", "format_table", "main"]
+
+OPTIONS = ("checkpoint", "out", "device")
+"""The evaluate command's own options (besides ``env.<field>=value``)."""
+
+
+def evaluate_run(
+    run_dir: Path,
+    overrides: list[str] = (),  # type: ignore[assignment]
+    *,
+    checkpoint: str | None = None,
+    out: str | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Evaluate a run folder's checkpoint; write and return the report (see the module docstring).
+
+    Raises:
+        harness.runs.RunError: One line: not a run folder, no checkpoint, a config the overrides
+            break, shapes the overrides change, an output path that cannot be written.
+    """
+    from harness.build import trained_run
+    from harness.runs import RunError, RunFolder, write_json
+    from harness.tasks import rollout
+
+    folder = RunFolder(run_dir, "evaluate")
+    target = Path(out) if out else Path(run_dir) / "eval.json"
+    if target.is_dir() or not target.parent.is_dir():
+        raise RunError(f"out: '{target}' is not a file in an existing folder; accepted: out=<folder>/<name>.json")
+    trained = trained_run(folder, list(overrides), checkpoint_name=checkpoint, device=device)
+    step, env, loss = trained.trainer.step, trained.run.env, trained.run.loss
+    with step.at_eval_params():
+        loss.zero()
+        trajectory = rollout(env, step.task, step.params)
+        total = float(loss(trajectory).numpy()[0])
+    terms = dict(zip(loss.term_names, (float(v) for v in loss.term_values.numpy()), strict=True))
+    report = {
+        "run": str(run_dir),
+        "checkpoint": str(trained.checkpoint.path),
+        "iteration": trained.checkpoint.iteration,
+        "overrides": list(overrides),
+        "task": trained.choices.get("task"),
+        "env": {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in vars(env.config).items()
+            if v is None or isinstance(v, bool | int | float | str | list | tuple)
+        },
+        "loss": total,
+        "loss_terms": terms,
+        "figures": env.describe(trajectory),
+    }
+    try:
+        write_json(target, report)
+    except OSError as exc:
+        raise RunError(f"out: cannot write '{target}' ({exc.strerror or exc})") from None
+    report["written"] = str(target)
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """A short table: the loss, its terms and the env's scalar figures."""
+    rows: list[tuple[str, str]] = [("loss", _number(report["loss"]))]
+    rows += [(f"loss/{name}", _number(value)) for name, value in report["loss_terms"].items()]
+    for name, value in report["figures"].items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            rows.append((name, _number(value)))
+    env = report["env"]
+    head = (
+        f"task {report['task']}, checkpoint of iteration {report['iteration']}: "
+        f"{env.get('world_count', '?')} worlds x {env.get('horizon', '?')} steps, seed {env.get('seed', '?')}"
+    )
+    width = max(len(name) for name, _ in rows)
+    lines = [head, *(f"  {name:<{width}}  {value}" for name, value in rows)]
+    lines.append(f"written: {report['written']}")
+    return "\n".join(lines)
+
+
+def _number(value: float) -> str:
+    return f"{value:.6g}" if math.isfinite(value) else str(value)
+
+
+def main(args: list[str]) -> None:
+    """``evaluate RUN_DIR [env.<field>=V ...] [checkpoint=PATH] [out=PATH] [device=NAME]``: eval.json and a table."""
+    from harness import init_warp
+    from harness.runs import RunError
+
+    try:
+        run_dir, options, overrides = run_folder_argument(args, "evaluate", OPTIONS)
+    except ValueError as exc:
+        fail(exc)
+    for override in overrides:
+        key = override.partition("=")[0]
+        if not (key.startswith("env.") and len(key) > 4):
+            fail(
+                f"evaluate: '{key}' cannot be set here; accepted: env.<field>=VALUE, "
+                + ", ".join(f"{o}=..." for o in OPTIONS)
+            )
+    init_warp()
+    try:
+        report = evaluate_run(run_dir, overrides, **options)
+    except RunError as exc:
+        fail(exc)
+    print(format_table(report), flush=True)

@@ -1,0 +1,146 @@
+"""``python -m harness train +env=NAME [overrides]``: train, writing TensorBoard events, the
+resolved config, checkpoints and summary.json into the run folder.
+
+The command composes the config with Hydra (``configs/train.yaml``), builds the run
+(:mod:`harness.build`), trains it (:class:`harness.training.Trainer`) and prints one line at
+the end; every refusal is one line and exit 2, an interruption exit 128 + the signal.
+Launcher worker processes (joblib, submitit) import :func:`train_command` by name.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from harness import config, init_warp, tags
+from harness.commands.common import fail, run_dir_override, run_hydra
+from harness.runs import write_json
+
+__all__ = ["main", "train_command"]
+
+
+@hydra.main(version_base="1.3", config_path=str(config.CONFIG_DIR), config_name="train")
+def train_command(cfg: DictConfig) -> float:
+    """Train and write TensorBoard events, the resolved config, checkpoints and summary.json.
+
+    Returns:
+        The final loss: the objective a Hydra sweeper (e.g. Optuna) minimises.
+    """
+    init_warp()  # also in launcher worker processes, which call this function directly
+    hydra_cfg = HydraConfig.get()
+    config.apply_task_env_defaults(cfg, hydra_cfg.runtime.choices, list(hydra_cfg.overrides.task))
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    # A single run's folder that Hydra has just made (nothing but .hydra/ in it): removed
+    # again when Ctrl-C comes before training starts, so no empty run is left behind.
+    fresh = hydra_cfg.mode.name != "MULTIRUN" and {p.name for p in run_dir.iterdir()} <= {".hydra"}
+    try:
+        trainer = _prepare(cfg, hydra_cfg, run_dir)
+    except KeyboardInterrupt:
+        if fresh:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        kept = "nothing was kept" if fresh else f"{run_dir} was left as it was (Hydra rewrote its .hydra/)"
+        print(f"interrupted before training started; {kept}", file=sys.stderr)
+        sys.exit(130)
+    return _train(cfg, hydra_cfg, run_dir, trainer)
+
+
+def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> float:
+    import warp as wp
+
+    from harness import checkpoint
+    from harness.clip import NonFiniteGradientError
+    from harness.training import TrainingInterrupted
+
+    # Jobs of a sweep may run side by side (joblib): label their lines.
+    label = f"[job {hydra_cfg.job.num}: {hydra_cfg.job.override_dirname}]" if hydra_cfg.mode.name == "MULTIRUN" else ""
+    say = f"{label} " if label else ""
+    print(f"{say}run folder: {run_dir}", flush=True)
+    try:
+        summary = trainer.fit(
+            run_dir,
+            hparams=config.hparams(cfg, hydra_cfg),
+            swept=config.swept_keys(hydra_cfg),
+            meta={"config": config.resolved_yaml(cfg)},
+            label=label or None,
+        )
+    except TrainingInterrupted as exc:
+        again = [o for o in hydra_cfg.overrides.task if not o.startswith("resume=")]
+        command = shlex.join(["python", "-m", "harness", "train", *again, "resume=auto", run_dir_override(run_dir)])
+        print(f"{exc}; summary.json written; continue with: {command}", file=sys.stderr, flush=True)
+        sys.exit(128 + exc.signum)
+    except checkpoint.CheckpointError as exc:  # refused before training: the run folder stays as it was
+        fail(exc)
+    except NonFiniteGradientError as exc:
+        write_json(run_dir / "summary.json", {"status": "failed", "error": str(exc)})
+        saved = checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))
+        last = f"; last good checkpoint: {saved[-1]}" if saved else "; no checkpoint was written before it"
+        print(f"error: {exc}{last}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except wp.WarpDeterminismError as exc:  # HARNESS_DETERMINISTIC asked for what a kernel cannot give
+        write_json(run_dir / "summary.json", {"status": "failed", "error": str(exc)})
+        mode = os.environ.get("HARNESS_DETERMINISTIC", "")
+        reason = str(exc).splitlines()[0].split(". ")[0]  # Warp's first sentence names the kernel
+        print(
+            f"error: HARNESS_DETERMINISTIC={mode}: {reason}; unset HARNESS_DETERMINISTIC to train with "
+            "float atomics in any order (results then differ in the last bits between CUDA runs)",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(1)
+    except Exception as exc:
+        write_json(run_dir / "summary.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        raise
+    reduction = summary["loss_reduction"]
+    adjoint_logged = tags.ADJOINT_CLIPPED in trainer.step.columns  # the in-backward clip rescales
+    print(
+        f"{say}done: loss {summary['initial_loss']:.6g} -> {summary['final_loss']:.6g}"
+        + (f" ({abs(100 * reduction):.1f}% {'lower' if reduction >= 0 else 'higher'})" if reduction is not None else "")
+        + f", {summary['clipped_steps']} clipped steps"
+        + (f" (adjoint clipped in {summary['adjoint_clipped_steps']})" if adjoint_logged else "")
+        + f", {summary['wall_time_s']:.1f} s",
+        flush=True,
+    )
+    return summary["final_loss"]
+
+
+def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:
+    """The run's trainer; refusals exit with one line."""
+    from harness import build, checkpoint
+    from harness.training import CaptureError
+
+    try:
+        run = build.build_run(cfg, hydra_cfg.runtime.choices)
+    except config.ConfigError as exc:
+        if hydra_cfg.mode.name == "MULTIRUN":  # the sweep's job folder records why
+            write_json(run_dir / "summary.json", {"status": "failed", "error": str(exc)})
+        fail(exc)
+    if hydra_cfg.mode.name == "MULTIRUN" and run.settings.resume is not None:  # per job: its own checkpoint
+        try:
+            found = checkpoint.resolve(run.settings.resume, run_dir)
+            if found is not None:
+                config.check_saved_config(checkpoint.load(found), cfg, found)
+        except (config.ConfigError, checkpoint.CheckpointError) as exc:
+            fail(exc)  # no summary.json: the job folder's own one stays as it was
+    if not (run_dir / "config.yaml").exists():
+        (run_dir / "config.yaml").write_text(config.resolved_yaml(cfg))
+    try:
+        trainer = run.trainer()
+    except (
+        CaptureError,
+        ValueError,
+    ) as exc:  # ValueError: a task's check against the built env (a recording's initial state)
+        fail(ValueError(str(exc).splitlines()[0]))
+    return trainer
+
+
+def main(rest: list[str]) -> None:
+    """``python -m harness train [overrides] [hydra flags]``."""
+    run_hydra("train", "train", train_command, rest)

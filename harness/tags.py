@@ -1,0 +1,130 @@
+"""Every TensorBoard tag the harness writes, named once.
+
+Tags are grouped by prefix, as CleanRL groups them: ``loss/`` (what is minimised),
+``optim/`` (gradients, clipping, the optimizer), ``perf/`` (speed), ``rollout/`` (pictures of
+the rollout), ``through_time/`` (the state adjoint inside backward) and one prefix per task
+(``policy/``, ``sysid/``, ``shac/``). TensorBoard sorts the groups by name and opens the
+first two, so a run opens on its loss curves, then its gradient curves.
+
+A task that trains several parameter groups (SHAC's actor and critic) has each group's
+optimizer tags under the group's name: :func:`optim` gives ``optim/<stat>`` for a run with one
+group and ``optim/<group>/<stat>`` otherwise. Nothing else in the package spells a tag.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ADJOINT_CLIPPED",
+    "ADJOINT_CLIPPED_FRACTION",
+    "ADJOINT_GROWTH",
+    "ADJOINT_HISTOGRAM",
+    "ADJOINT_NORM_FIRST",
+    "ADJOINT_NORM_MAX",
+    "ADJOINT_PROFILE",
+    "LOSS_BEST",
+    "LOSS_TOTAL",
+    "PERF_ENV_STEPS_PER_S",
+    "PERF_ITER_MS",
+    "POLICY_ACTIONS",
+    "POLICY_ACTION_ABS_MEAN",
+    "POLICY_SATURATED_FRACTION",
+    "POLICY_WINDOW_COST",
+    "ROLLOUT_PLOT",
+    "loss_term",
+    "optim",
+    "sysid",
+    "task",
+]
+
+LOSS_TOTAL = "loss/total"
+"""The loss of the iteration (what backward started from)."""
+LOSS_BEST = "loss/best"
+"""The lowest ``loss/total`` so far."""
+
+
+def loss_term(name: str) -> str:
+    """``loss/<term>``: one weighted term of the loss."""
+    return f"loss/{name}"
+
+
+# -- optim/: per parameter group ------------------------------------------------------------
+
+GRAD_NORM_PRE = "grad_norm_pre"
+"""Global L2 norm of the gradient after backward, before clipping."""
+GRAD_NORM_POST = "grad_norm_post"
+"""The same after clipping."""
+CLIP_COEF = "clip_coef"
+"""The factor the clip applied (1: untouched)."""
+CLIPPED = "clipped"
+"""1 when the step was clipped."""
+CLIPPED_FRACTION = "clipped_fraction"
+"""The share of the iterations so far that were clipped."""
+SKIPPED = "skipped"
+"""1 when the step made no update (non-finite gradient under ``clip.nonfinite=skip``)."""
+GRAD_MAX_ABS = "grad_max_abs"
+"""Largest finite |g| entry, pre-clip."""
+NONFINITE = "nonfinite"
+"""Number of nan/inf gradient entries, pre-clip."""
+CLIP_THRESHOLD = "clip_threshold"
+"""The norm limit of the step (global_norm, autoclip, zclip)."""
+LR = "lr"
+"""The learning rate the step applied."""
+LR_SCALE = "lr_scale"
+"""The clip-aware schedule's multiplier."""
+LR_REDUCTIONS = "lr_reductions"
+"""How often the clip-aware schedule lowered the rate."""
+AVG_WEIGHT = "avg_weight"
+"""ScheduleFree's averaging weight."""
+PARAM_NORM = "param_norm"
+"""L2 norm of the evaluated parameters (log steps)."""
+UPDATE_RATIO = "update_ratio"
+"""|delta param| / |param| of the step (log steps)."""
+
+
+def optim(stat: str, group: str | None = None, param: str | None = None) -> str:
+    """``optim/<stat>`` (one parameter group) or ``optim/<group>/<stat>``; with ``param``, the
+    statistic of one named parameter: ``optim/grad_norm_pre/<param>``."""
+    tag = f"optim/{stat}" if group is None else f"optim/{group}/{stat}"
+    return f"{tag}/{param}" if param is not None else tag
+
+
+def grad_hist(param: str, group: str | None = None) -> str:
+    """The histogram of one parameter's pre-clip gradient."""
+    return optim("grad_hist", group, param)
+
+
+# -- perf/, rollout/, through_time/ ---------------------------------------------------------
+
+PERF_ITER_MS = "perf/iter_ms"
+PERF_ENV_STEPS_PER_S = "perf/env_steps_per_s"
+"""Simulation steps x worlds per second."""
+ROLLOUT_PLOT = "rollout/plot"
+"""The image of every per-step observable against time."""
+ADJOINT_CLIPPED = "through_time/clipped"
+"""1 when the in-backward clip rescaled any step's state adjoint."""
+ADJOINT_NORM_MAX = "through_time/norm_max"
+ADJOINT_NORM_FIRST = "through_time/norm_first"
+ADJOINT_GROWTH = "through_time/growth_per_100_steps"
+ADJOINT_CLIPPED_FRACTION = "through_time/clipped_fraction"
+ADJOINT_HISTOGRAM = "through_time/log10_norm_pre"
+ADJOINT_PROFILE = "through_time/profile"
+
+# -- tasks ------------------------------------------------------------------------------------
+
+POLICY_WINDOW_COST = "policy/window_cost"
+"""``task=policy``: the loss of the iteration's training window."""
+POLICY_ACTIONS = "policy/actions"
+"""Histogram of the latest training rollout's actions."""
+POLICY_ACTION_ABS_MEAN = "policy/action_abs_mean"
+POLICY_SATURATED_FRACTION = "policy/saturated_fraction"
+"""The share of actions within 1% of the policy's largest action."""
+
+
+def sysid(quantity: str, index: str = "") -> str:
+    """``sysid/<quantity>/<index>``: one fitted value after the iteration's step."""
+    return f"sysid/{quantity}{index}"
+
+
+def task(task_name: str, name: str) -> str:
+    """``<task>/<name>``: a scalar a task logs (``shac/critic_loss``)."""
+    return f"{task_name}/{name}"
