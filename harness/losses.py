@@ -150,7 +150,7 @@ def term_kind(name: str, field: str) -> TermKind:
 
     try:
         found = getattr(importlib.import_module(module_name), attribute)
-    except Exception as exc:  # noqa: BLE001  (a user's module: any import error is one line)
+    except Exception as exc:
         raise ValueError(f"{field}: cannot import '{name}' ({type(exc).__name__}: {exc}); {accepted}") from None
     if not isinstance(found, TermKind):
         raise ValueError(f"{field}: '{name}' is a {type(found).__name__}, not a harness.losses.TermKind; {accepted}")

@@ -8,7 +8,7 @@ its range in its metadata with :func:`field`; the type comes from its annotation
 ``float``, ``bool``, ``str``, ``tuple[float, ...]``, ``dict[str, float]`` or ``X | None``).
 
 The schemas: an env's ``Config`` (:class:`harness.env.EnvConfig`), the loop's
-:class:`~harness.training.loop.TrainSettings` (the top level of ``configs/train.yaml``),
+:class:`~harness.config.TrainSettings` (the top level of ``configs/train.yaml``),
 a loss term (:class:`~harness.losses.LossTerm`), the tasks' ``Args``, and the arguments of
 every optimizer (:mod:`harness.optim`), schedule (:mod:`harness.schedules`) and clip
 policy (:mod:`harness.clip.policies`), which their factories check whether Hydra or Python

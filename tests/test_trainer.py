@@ -66,10 +66,10 @@ def test_optimizer_step_does_not_touch_the_gradient_buffer():
     trainer = make_trainer(horizon=20)
     trainer.step.forward_backward()
     trainer.step.stats_pre.compute(trainer.params.grad)
-    trainer.clip.update(trainer.params, trainer.state.clip, Shared(trainer.step.stats_pre))
+    trainer.state.primary.rule.clip.update(trainer.params, trainer.state.clip, Shared(trainer.step.stats_pre))
     clipped = trainer.params.grad.numpy().copy()
     before = trainer.params.data.numpy().copy()
-    trainer.optimizer.step(trainer.params, trainer.params.grad, trainer.state.optim)
+    trainer.state.primary.rule.optimizer.step(trainer.params, trainer.params.grad, trainer.state.optim)
     np.testing.assert_array_equal(trainer.params.grad.numpy(), clipped)
     assert not np.array_equal(trainer.params.data.numpy(), before)
 

@@ -146,23 +146,6 @@ class Trainer:
         """The first parameter group's parameters."""
         return self.state.params
 
-    @property
-    def optimizer(self) -> Optimizer:
-        return self.state.primary.optimizer
-
-    @property
-    def clip(self) -> ClipPolicy:
-        return self.state.primary.clip
-
-    @property
-    def schedule(self) -> Schedule:
-        return self.state.primary.schedule
-
-    @property
-    def update(self) -> Any:
-        """The first group's update transformation."""
-        return self.state.primary.update
-
     def fit(
         self,
         run_dir: str | Path,

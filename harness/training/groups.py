@@ -130,18 +130,6 @@ class Group:
 
     # -- views ------------------------------------------------------------------------------
 
-    @property
-    def optimizer(self) -> Optimizer:
-        return self.rule.optimizer
-
-    @property
-    def clip(self) -> ClipPolicy:
-        return self.rule.clip
-
-    @property
-    def schedule(self) -> Schedule:
-        return self.rule.schedule
-
     def substate(self, member: str) -> dict[str, wp.array]:
         """The state of one member of the update (``optim``, ``schedule``, ``clip``, ``nonfinite``)."""
         return substate(self.state, member)
@@ -194,7 +182,8 @@ class Group:
         found += [(self.tag(tags.GRAD_NORM_PRE, name), norms, k) for k, name in enumerate(self.params.names)]
         if "clip/threshold" in state:
             found.append((self.tag(tags.CLIP_THRESHOLD), state["clip/threshold"], 0))
-        scalars = {**self.optimizer.stats(self.substate("optim")), **self.schedule.stats(self.substate("schedule"))}
+        rule = self.rule
+        scalars = {**rule.optimizer.stats(self.substate("optim")), **rule.schedule.stats(self.substate("schedule"))}
         found += [(self.tag(stat), array, 0) for stat, array in scalars.items()]
         return found
 
@@ -213,7 +202,7 @@ class Group:
 
     def read_reductions(self) -> tuple[int, str | None]:
         """The clip-aware schedule's reductions so far and its latest message (a host read)."""
-        count, message = self.schedule.read_reductions(self.substate("schedule"))
+        count, message = self.rule.schedule.read_reductions(self.substate("schedule"))
         if message is not None and self.tag_group is not None:
             message = f"{self.name}: {message}"
         return count, message
@@ -226,9 +215,9 @@ class Group:
                 [s.name, list(s.shape), getattr(s.dtype, "__name__", str(s.dtype)), s.lower, s.upper]
                 for s in self.params.specs
             ],
-            "optimizer": self.optimizer.name,
-            "schedule": self.schedule.name,
-            "clip": self.clip.name,
+            "optimizer": self.rule.optimizer.name,
+            "schedule": self.rule.schedule.name,
+            "clip": self.rule.clip.name,
         }
 
     # -- the evaluation point -----------------------------------------------------------------------

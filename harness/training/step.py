@@ -350,31 +350,15 @@ class TrainStep:
             ("forward", "backward", "adjoint_clip", "grad_stats_clip", "optim", "capture", "graph"), 0.0
         )
 
-    # -- the primary group, for single-group runs and their tests ----------------------------
-
     @property
     def params(self) -> ParamSet:
+        """The first parameter group's parameters (what a rollout reads)."""
         return self.state.primary.params
 
     @property
     def stats_pre(self) -> Any:
+        """The first parameter group's pre-clip statistics."""
         return self.state.primary.stats_pre
-
-    @property
-    def stats_post(self) -> Any:
-        return self.state.primary.stats_post
-
-    @property
-    def optimizer(self) -> Optimizer:
-        return self.state.primary.optimizer
-
-    @property
-    def clip(self) -> ClipPolicy:
-        return self.state.primary.clip
-
-    @property
-    def schedule(self) -> Schedule:
-        return self.state.primary.schedule
 
     # -- the iteration --------------------------------------------------------------------
 
@@ -398,6 +382,8 @@ class TrainStep:
                 )
                 t1 = t0
             else:
+                for other in self.all_params()[1:]:  # taped_rollout zeroes the rollout's own (the first group's)
+                    other.zero_grad()
                 self._tape, self.trajectory, total = taped_rollout(
                     self.env, self.task, self.loss, params, adjoint=self.adjoint
                 )
