@@ -295,8 +295,7 @@ class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Segmentable):
         # solver is built: derive it again (two recorded launches, so the gradient reaches value).
         self.solver.notify_model_changed(newton.ModelFlags.BODY_INERTIAL_PROPERTIES)
 
-    def observe(self, t: int, out: wp.array) -> None:
-        state = self.state(t)
+    def observe_state(self, state: newton.State, out: wp.array) -> None:
         wp.launch(
             _observe,
             dim=(self.world_count, 2 * DOFS_PER_WORLD),

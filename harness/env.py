@@ -377,7 +377,8 @@ class CarriesState(abc.ABC):
 
 class Restarts(abc.ABC):
     """Role: worlds whose episode ended start a fresh one inside a rollout, with the gradient cut
-    there (SHAC's windows run across episode ends)."""
+    there (SHAC's windows run across episode ends). An env that plays it also draws starts
+    (:class:`DrawsStarts`)."""
 
     summary: ClassVar[str] = "restart(t, done, key): worlds whose episode ended start anew inside a rollout"
 
@@ -387,10 +388,16 @@ class Restarts(abc.ABC):
 
     @abc.abstractmethod
     def restart(self, t: int, done: wp.array, key: wp.array) -> None:
-        """After step ``t - 1`` (before step ``t`` reads state ``t``): every world whose
-        ``done[w]`` (int32 ``(world_count,)``) is 1 continues from a fresh draw (seeded by
-        ``key[0]``, :class:`DrawsStarts`) instead of state ``t``; no gradient flows from what
-        follows into the ended episode. Worlds with ``done[w] == 0`` go on unchanged."""
+        """After step ``t - 1``, before step ``t``: every world whose ``done[w]`` (int32
+        ``(world_count,)``) is 1 continues from a fresh draw (``draw_initial(key)``) instead of
+        state ``t``; no gradient flows from what follows into the ended episode. Worlds with
+        ``done[w] == 0`` go on unchanged. What a policy observes at step ``t`` (``observe``) is
+        the state after the restart."""
+
+    @abc.abstractmethod
+    def observe_ended(self, t: int, out: wp.array) -> None:
+        """The observation of state ``t`` before its restart (an ended episode's last state, which
+        a critic values), as :meth:`PolicyEnv.observe` writes it."""
 
 
 class Segmentable(abc.ABC):

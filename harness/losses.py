@@ -306,6 +306,34 @@ class WeightedLoss:
         )
         return self.total
 
+    def step_costs(self, trajectory: Mapping[str, wp.array], out: wp.array) -> wp.array:
+        """Record the weighted cost of every row and world, ``out[t, w] = sum_k weight_k * sum_d
+        penalty_k(dim_weights_k[d], x_k[t, w, d] - target_k[d])``, float32 ``(rows, worlds)``: the
+        loss before its average over steps and worlds (a reward per step is its negative). A term
+        that reads the ``last`` step only adds at the last row. ``out`` is zeroed first."""
+        if not self._bound:
+            raise RuntimeError("WeightedLoss.bind() must be called before evaluating the loss")
+        out.zero_()
+        rows = out.shape[0]
+        for k, (term, kind) in enumerate(zip(self.terms, self.kinds, strict=True)):
+            x = trajectory[term.source]
+            steps, worlds, dim = x.shape
+            if term.steps == "last":
+                x, at = x[steps - 1 : steps], out[rows - 1 : rows]
+            else:
+                at = out
+            target = self._references.get(term.name) if kind.reference else self._targets[k]
+            if kind.reference and term.steps == "last":
+                target = target[steps - 1 : steps]
+            wp.launch(
+                kind.kernel("step_cost"),
+                dim=(x.shape[0], worlds, dim),
+                inputs=[x, self._dim_weights[k], target, int(kind.reference), term.weight],
+                outputs=[at],
+                device=self.device,
+            )
+        return out
+
 
 def _per_dim(values: Sequence[float] | None, dim: int, default: float, field: str) -> np.ndarray:
     if values is None or len(values) == 0:  # empty or null in the YAML: the default

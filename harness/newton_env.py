@@ -70,6 +70,22 @@ def _particles_to_target(
 
 
 @wp.kernel
+def _restart_kernel(
+    done: wp.array(dtype=wp.int32),
+    per_world: int,
+    fresh: wp.array(dtype=Any),
+    old: wp.array(dtype=Any),
+    new: wp.array(dtype=Any),
+):
+    # A selection: its adjoint sends the new state's gradient into `old` only where done is 0.
+    i = wp.tid()
+    if done[i // per_world] != 0:
+        new[i] = fresh[i]
+    else:
+        new[i] = old[i]
+
+
+@wp.kernel
 def _carry_kernel(carry: wp.array(dtype=wp.int32), kept: wp.array(dtype=Any), initial: wp.array(dtype=Any)):
     i = wp.tid()
     if carry[0] != 0:
@@ -106,6 +122,7 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         self.solver = self.build_solver()
         count = self.steps_kept + 1 if self.config.per_step_states else 2
         self.states = [self.model.state(requires_grad=True) for _ in range(count)]
+        self._starts: list[Any] = []  # per step: the state after a restart (enable_restarts)
         self._base = 0  # the step whose State is states[0] (a segment's start)
         self._saved: dict[int, Any] = {}
         self._carry: dict[str, wp.array] = {}
@@ -161,6 +178,50 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
             )
         return self.states[k]
 
+    def current(self, t: int) -> Any:
+        """The State step ``t`` starts from: :meth:`state` (t), or, with restarts on
+        (:class:`~harness.env.Restarts`), its copy in which the worlds whose episode ended
+        start afresh."""
+        if not self._starts or t == 0:
+            return self.state(t)
+        return self._starts[self.slot(t)]
+
+    def observe(self, t: int, out: wp.array) -> None:
+        """What a policy sees at step ``t`` (:class:`~harness.env.PolicyEnv`): :meth:`observe_state`
+        of :meth:`current` (t)."""
+        self.observe_state(self.current(t), out)
+
+    def observe_ended(self, t: int, out: wp.array) -> None:
+        """The observation of state ``t`` before any restart (:class:`~harness.env.Restarts`)."""
+        self.observe_state(self.state(t), out)
+
+    def observe_state(self, state: Any, out: wp.array) -> None:
+        """Write the observation of ``state`` into ``out`` ``(world_count, observation_dim)`` with
+        a recorded launch: what a subclass that plays :class:`~harness.env.PolicyEnv` implements."""
+        raise NotImplementedError(f"env '{self.name}' offers no observation")
+
+    # -- restarts ---------------------------------------------------------------------------
+
+    def enable_restarts(self) -> None:
+        """Give every step but the first a State of its own to restart into (once)."""
+        if self.segment_steps is not None:
+            raise ValueError(f"env '{self.name}': restarts inside a rollout do not run in segments")
+        if not self._starts:
+            self._starts = [None, *(self.model.state(requires_grad=True) for _ in range(self.steps_kept))]
+
+    def restart(self, t: int, done: wp.array, key: wp.array) -> None:
+        """Worlds whose ``done`` is 1 continue from a fresh draw (``draw_initial(key)``, written into
+        :attr:`initial`), the others from state ``t``; the result is :meth:`current` (t). The
+        selection is a recorded launch whose adjoint passes nothing into an ended world."""
+        self.draw_initial(key)
+        source, target = self.state(t), self._starts[self.slot(t)]
+        for name in self.state_fields:
+            fresh, old, new = self.initial[name], getattr(source, name), getattr(target, name)
+            wp.launch(
+                _restart_kernel, dim=new.size, inputs=[done, new.size // self.world_count, fresh.flatten(),
+                old.flatten()], outputs=[new.flatten()], device=self.device,
+            )  # fmt: skip
+
     def step_arrays(self) -> list[wp.array]:
         """Per-step arrays indexed by :meth:`slot` (per-step scratch, per-step controls):
         their gradients are zeroed between segments."""
@@ -171,7 +232,8 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
     # The walks below run at call time: a solver may put new arrays on a State it steps.
 
     def _all_state_arrays(self) -> list[wp.array]:
-        return [array for state in self.states for array in _state_arrays(state).values()]
+        states = [*self.states, *self._starts[1:]]
+        return [array for state in states for array in _state_arrays(state).values()]
 
     def begin_segment(self, start: int, *, restore: bool) -> None:
         self._base = start
@@ -277,7 +339,7 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         wp.copy(self.initial[self.initial_quantities[name]], value)
 
     def keep_final(self) -> None:
-        last = self.state(self.horizon)
+        last = self.current(self.horizon)
         for name, kept in self.carried().items():
             wp.copy(kept, getattr(last, name))
 
@@ -312,7 +374,7 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
             wp.copy(getattr(first, name), self.initial[name])
 
     def step(self, t: int) -> None:
-        state, following = self.state(t), self.state(t + 1)
+        state, following = self.current(t), self.state(t + 1)
         state.clear_forces()
         self.solver.step(state, following, self.control_at(t), self.contacts_at(t), self.dt)
 

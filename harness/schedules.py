@@ -1,7 +1,7 @@
 """Learning-rate schedules that write the optimizer's device learning rate, and the clip-aware rule.
 
 This module owns the ``schedule`` config group (``configs/schedule/``): :func:`constant`,
-:func:`linear_warmup`, :func:`cosine_decay` and :func:`step_decay`, each with an optional
+:func:`linear_warmup`, :func:`cosine_decay`, :func:`linear_decay` and :func:`step_decay`, each with an optional
 clip-aware rule that lowers the rate when too many recent steps were clipped. A
 :class:`Schedule` multiplies the optimizer's initial rate by a factor of the device step
 counter: ``state["lr"] = base_lr * factor(k) * scale``, with ``k`` the number of steps
@@ -23,6 +23,8 @@ Factors (``W`` = ``warmup_steps``, ``s`` = ``start_factor``, ``j = k - W``):
 - cosine, ``T`` = ``decay_steps``, ``m`` = ``min_factor``:
   ``m + (1 - m) * (1 + cos(pi * min(j, T) / T)) / 2`` (``CosineAnnealingLR``, held at
   ``m`` after ``T`` instead of rising again);
+- linear decay, ``T`` = ``decay_steps``, ``m`` = ``min_factor``: ``1 - (1 - m) * min(j, T) / T``
+  (``LinearLR`` with ``end_factor`` m; SHAC's schedule, Xu et al. 2022);
 - step: ``gamma ** (j // step_size)`` (``StepLR``).
 
 The clip-aware rule (after the advice to lower the rate when many consecutive steps clip;
@@ -44,11 +46,11 @@ from harness import schema, tags
 from harness.schema import field
 from harness.transform import Shared
 
-__all__ = ["SCHEDULES", "Schedule", "constant", "cosine_decay", "linear_warmup", "step_decay"]
+__all__ = ["SCHEDULES", "Schedule", "constant", "cosine_decay", "linear_decay", "linear_warmup", "step_decay"]
 
 State = dict[str, wp.array]
 
-_CONSTANT, _COSINE, _STEP = 0, 1, 2
+_CONSTANT, _COSINE, _STEP, _LINEAR = 0, 1, 2, 3
 
 
 @wp.kernel
@@ -107,6 +109,9 @@ def _schedule_kernel(
         factor = min_factor + (wp.float64(1.0) - min_factor) * (wp.float64(1.0) + cosine) / wp.float64(2.0)
     elif kind == 2:
         factor = wp.pow(gamma, wp.float64((k - warmup_steps) // step_size))
+    elif kind == 3:
+        j = wp.min(k - warmup_steps, decay_steps)
+        factor = wp.float64(1.0) - (wp.float64(1.0) - min_factor) * wp.float64(j) / wp.float64(decay_steps)
     lr[0] = wp.float32(wp.float64(base_lr[0]) * factor * wp.float64(scale[0]))
 
 
@@ -264,7 +269,7 @@ class ScheduleArgs:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CosineDecayArgs(ScheduleArgs):
-    """:func:`cosine_decay`'s arguments."""
+    """:func:`cosine_decay`'s and :func:`linear_decay`'s arguments."""
 
     decay_steps: int = field(minimum=1)
     min_factor: float = field(minimum=0.0, maximum=1.0)
@@ -366,6 +371,47 @@ def cosine_decay(
     )
 
 
+def linear_decay(
+    decay_steps: int,
+    *,
+    min_factor: float = 0.0,
+    warmup_steps: int = 0,
+    start_factor: float = 0.1,
+    **clip_rule: Any,
+) -> Schedule:
+    """Linear decay from the full rate to ``min_factor`` of it over ``decay_steps`` steps, after an
+    optional linear warmup; SHAC's schedule (Xu et al. 2022: ``lr = (lr_end - lr0) * epoch /
+    epochs + lr0``, i.e. ``min_factor = lr_end / lr0``).
+
+    ``factor = 1 - (1 - m) * min(j, T) / T`` with ``j = k - W``, as
+    ``torch.optim.lr_scheduler.LinearLR(start_factor=1, end_factor=m, total_iters=T)``.
+
+    Args:
+        decay_steps: ``T``, steps from the full rate to ``min_factor``, ``>= 1``
+            (``configs/schedule/linear_decay.yaml`` sets it to the run's ``iterations``).
+        min_factor: ``m``, final factor, in ``[0, 1]``.
+        warmup_steps: Linear warmup steps before the decay, ``>= 0``.
+        start_factor: Warmup factor of the first step, in ``[0, 1]``.
+        **clip_rule: The clip-aware rule, as in :func:`constant`.
+
+    Returns:
+        The schedule.
+
+    Raises:
+        ValueError: If an argument is out of range (the message names ``schedule.<field>``).
+    """
+    return _build(
+        "linear_decay",
+        _LINEAR,
+        CosineDecayArgs,
+        decay_steps=decay_steps,
+        min_factor=min_factor,
+        warmup_steps=warmup_steps,
+        start_factor=start_factor,
+        **clip_rule,
+    )
+
+
 def step_decay(
     step_size: int,
     *,
@@ -403,5 +449,5 @@ def step_decay(
     )
 
 
-SCHEDULES = {f.__name__: f for f in (constant, linear_warmup, cosine_decay, step_decay)}
+SCHEDULES = {f.__name__: f for f in (constant, linear_warmup, cosine_decay, linear_decay, step_decay)}
 """Factories by option name; the same names as the files of ``configs/schedule/``."""

@@ -18,7 +18,7 @@ from harness import config
 from harness.clip import clip_by_global_norm
 from harness.optim import build, load_state, save_state
 from harness.params import ParamSet, ParamSpec
-from harness.schedules import SCHEDULES, Schedule, constant, cosine_decay, linear_warmup, step_decay
+from harness.schedules import SCHEDULES, Schedule, constant, cosine_decay, linear_decay, linear_warmup, step_decay
 from harness.stats import FlatStats
 from harness.transform import Shared
 from tests.test_optim import LaunchRecorder
@@ -76,6 +76,7 @@ lr_scheduler = torch.optim.lr_scheduler
         (linear_warmup(10, start_factor=0.1), lambda o: lr_scheduler.LinearLR(o, 0.1, 1.0, total_iters=10), 30),
         (cosine_decay(50, min_factor=0.1), lambda o: lr_scheduler.CosineAnnealingLR(o, T_max=50, eta_min=0.05), 51),
         (step_decay(7, gamma=0.5), lambda o: lr_scheduler.StepLR(o, step_size=7, gamma=0.5), 40),
+        (linear_decay(30, min_factor=0.01), lambda o: lr_scheduler.LinearLR(o, 1.0, 0.01, total_iters=30), 40),
         (
             cosine_decay(40, warmup_steps=10, start_factor=0.2),
             lambda o: lr_scheduler.SequentialLR(
@@ -95,7 +96,7 @@ lr_scheduler = torch.optim.lr_scheduler
             20,
         ),
     ],
-    ids=["constant", "linear_warmup", "cosine", "step", "warmup_cosine", "warmup_step"],
+    ids=["constant", "linear_warmup", "cosine", "step", "linear_decay", "warmup_cosine", "warmup_step"],
 )
 def test_schedule_matches_torch_lr_scheduler(schedule, make_scheduler, steps):
     np.testing.assert_allclose(device_rates(schedule, steps), torch_rates(make_scheduler, steps), rtol=1e-6)
