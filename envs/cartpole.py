@@ -26,7 +26,7 @@ import numpy as np
 import warp as wp
 
 from harness.adjoint_funcs import clamp_adjoint
-from harness.env import DrawsStarts, PolicyEnv, Quantity, Segmentable, Trajectory, host_rng
+from harness.env import DrawsStarts, PolicyEnv, Quantity, Restarts, Segmentable, Trajectory, host_rng
 from harness.newton_env import NewtonEnv, NewtonEnvConfig
 from harness.schema import field
 
@@ -206,7 +206,7 @@ def upright_fraction(joint_q: np.ndarray) -> float:
     return float(np.mean(np.all(np.abs(tail) <= UPRIGHT_ANGLE, axis=(0, 2))))
 
 
-class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Segmentable):
+class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentable):
     """Newton's URDF cartpole with ``SolverFeatherstone``; see :class:`CartpoleConfig` for the fields."""
 
     name = "cartpole"

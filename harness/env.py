@@ -392,7 +392,9 @@ class Restarts(abc.ABC):
         ``(world_count,)``) is 1 continues from a fresh draw (``draw_initial(key)``) instead of
         state ``t``; no gradient flows from what follows into the ended episode. Worlds with
         ``done[w] == 0`` go on unchanged. What a policy observes at step ``t`` (``observe``) is
-        the state after the restart."""
+        the state after the restart. Once :meth:`enable_restarts` ran, call it before every step
+        ``t >= 1`` (with an all-zero ``done`` where no episode ends): step ``t`` starts from what
+        it wrote."""
 
     @abc.abstractmethod
     def observe_ended(self, t: int, out: wp.array) -> None:

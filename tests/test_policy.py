@@ -70,7 +70,7 @@ def test_each_step_keeps_its_own_activations():
     loss = WeightedLoss(UPRIGHT_TERMS)
     params = prepare(env, task, loss)
     rollout(env, task, params)
-    hidden = task.buffers(env).layers[1].numpy()
+    hidden = task.mlp(env.config).hidden_buffers((env.horizon, env.world_count), env.device)[0].numpy()
     assert all(not np.array_equal(hidden[t], hidden[t + 1]) for t in range(5))
 
 

@@ -67,7 +67,7 @@ def evaluate_run(
         },
         "loss": total,
         "loss_terms": terms,
-        "figures": env.describe(trajectory),
+        "figures": {**env.describe(trajectory), **step.task.figures(env, loss, trajectory)},
     }
     try:
         write_json(target, report)

@@ -5,6 +5,7 @@ A task decides what the trainable parameters are and how they enter a rollout; t
 
 - ``open_loop`` (:class:`~harness.tasks.open_loop.OpenLoop`): one action per step and world.
 - ``policy`` (:class:`~harness.tasks.policy.Policy`): an MLP from observation to action.
+- ``shac`` (:class:`~harness.tasks.shac.SHAC`): SHAC's actor and critic (Xu et al. 2022).
 - ``sysid`` (:class:`~harness.tasks.sysid.SystemId`): physical quantities fitted to a
   recorded trajectory.
 - ``physical`` and ``initial`` (:class:`~harness.tasks.quantities.TrainQuantities`): named
@@ -20,9 +21,11 @@ from harness.tasks.base import SINGLE_GROUP, Task, prepare, prepare_groups, roll
 from harness.tasks.open_loop import OpenLoop
 from harness.tasks.policy import Policy
 from harness.tasks.quantities import TrainQuantities
+from harness.tasks.shac import SHAC
 from harness.tasks.sysid import SystemId
 
 __all__ = [
+    "SHAC",
     "SINGLE_GROUP",
     "OpenLoop",
     "Policy",

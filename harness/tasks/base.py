@@ -104,6 +104,11 @@ class Task(abc.ABC):
         """Further per-iteration scalars for the history, as ``(tag, device array, index)``."""
         return []
 
+    def figures(self, env: Env, loss: WeightedLoss, trajectory: Trajectory) -> dict[str, Any]:
+        """Figures of a whole rollout besides the env's own (``env.describe``), for summary.json
+        and ``harness evaluate``: a policy task's mean episode return. None by default."""
+        return {}
+
     def summary(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
         """Entries for summary.json from the trained parameters' values (host arrays by name)."""
         return {}

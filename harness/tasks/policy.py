@@ -5,8 +5,8 @@ The weights and biases are parameters in the flat buffer (``l1.weight``, ``l1.bi
 as any other parameter, and TensorBoard shows each layer's gradient norm
 (``optim/grad_norm_pre/l1.weight``).
 
-The layers are plain Warp kernels, one thread per (world, unit), each writing its own row
-of a per-step buffer: a policy applied at every step of one tape needs every step's
+The layers are the harness's MLP (:mod:`harness.mlp`: one tile kernel per layer), each step
+writing its own rows: a policy applied at every step of one tape needs every step's
 activations for backward, so each step has its own input, hidden and output rows (the
 reason this module does not use a layer library that keeps one output buffer per module;
 docs/tasks.md has the measurement behind the choice).
@@ -26,60 +26,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 from collections.abc import Iterator, Sequence
 
-import numpy as np
 import warp as wp
 
 from harness import schema, tags
 from harness.env import CarriesState, DrawsStarts, Env, EnvConfig, PolicyEnv
 from harness.losses import WeightedLoss
+from harness.mlp import MLP
 from harness.params import ParamSet, ParamSpec
 from harness.tasks.base import Task
 
-__all__ = ["ACTIVATIONS", "Policy"]
-
-ACTIVATIONS = {"tanh": 0, "elu": 1, "relu": 2}
-"""Hidden-layer activations, by name (the kernel's code)."""
-
-
-@wp.func
-def _activate(x: float, kind: int):
-    if kind == 0:
-        return wp.tanh(x)
-    if kind == 1:
-        if x > 0.0:
-            return x
-        return wp.exp(x) - 1.0
-    return wp.max(x, 0.0)
-
-
-@wp.kernel
-def _linear(
-    x: wp.array3d(dtype=wp.float32),
-    t: int,
-    weight: wp.array2d(dtype=wp.float32),
-    bias: wp.array(dtype=wp.float32),
-    z: wp.array3d(dtype=wp.float32),
-):
-    """``z[t, w, j] = bias[j] + sum_i weight[j, i] x[t, w, i]``: only the sum is in the
-    loop. With Warp 1.19 a fused kernel that applied the activation to the sum after the
-    dynamic loop gave gradients 4-14% off central differences (tests/test_policy.py
-    checks the split kernels against them)."""
-    world, j = wp.tid()
-    s = bias[j]
-    for i in range(weight.shape[1]):
-        s += weight[j, i] * x[t, world, i]
-    z[t, world, j] = s
-
-
-@wp.kernel
-def _activation(z: wp.array3d(dtype=wp.float32), t: int, kind: int, scale: float, y: wp.array3d(dtype=wp.float32)):
-    """``y[t, w, j] = scale * act(z[t, w, j])``."""
-    world, j = wp.tid()
-    y[t, world, j] = scale * _activate(z[t, world, j], kind)
-
+__all__ = ["Policy"]
 
 @wp.kernel
 def _episode_flags(
@@ -93,10 +51,10 @@ def _episode_flags(
 
 @dataclasses.dataclass
 class _Buffers:
-    """Per-step rows for one env: the observation, every layer's output, the action."""
+    """Per-step rows for one env: the observation and the action (the MLP keeps the hidden rows)."""
 
-    layers: list[wp.array]  # [obs, hidden 1, ..., action], each (horizon, world_count, width)
-    pre: list[wp.array]  # every layer's pre-activation, (horizon, world_count, width)
+    observations: wp.array  # (horizon, world_count, observation_dim)
+    actions: wp.array  # (horizon, world_count, action_dim)
     carry: wp.array  # int32 (1,): continue the episode (1) or start a new one (0)
 
 
@@ -130,7 +88,7 @@ class Policy(Task):
         """The task's fields (``configs/task/policy.yaml``), checked by :mod:`harness.schema`."""
 
         hidden: tuple[int, ...] = schema.field(minimum=1, doc="hidden layer widths, e.g. [64, 64]")
-        activation: str = schema.field(choices=tuple(ACTIVATIONS))
+        activation: str = schema.field(choices=("tanh", "elu", "relu"))
         action_scale: float = schema.field(minimum=0.0, strict=True)
         window: int | None = schema.field(minimum=1)
         carry_from: int = schema.field(minimum=0)
@@ -160,6 +118,7 @@ class Policy(Task):
         self.seed = int(seed)
         self.init_scale = float(init_scale)
         self._buffers: dict[int, _Buffers] = {}
+        self._mlps: dict[tuple[int, int], MLP] = {}
         self._key: wp.array | None = None
         self._episode: int | None = None  # the env horizon an episode has in training (windows)
 
@@ -197,34 +156,21 @@ class Policy(Task):
         self._episode = config.horizon
         return dataclasses.replace(config, horizon=self.window)
 
-    def widths(self, config: EnvConfig) -> list[int]:
-        """Observation width, hidden widths, action width."""
-        return [config.observation_dim(), *self.hidden, config.action_dim()]
-
-    def layer_names(self) -> list[str]:
-        return [*(f"l{k + 1}" for k in range(len(self.hidden))), "out"]
+    def mlp(self, config: EnvConfig) -> MLP:
+        """The policy's MLP for an env with this config (made once per width)."""
+        key = (config.observation_dim(), config.action_dim())
+        if key not in self._mlps:
+            self._mlps[key] = MLP(
+                key[0], self.hidden, key[1], activation=self.activation, output="tanh", output_scale=self.action_scale
+            )
+        return self._mlps[key]
 
     def parameter_shapes(self, config: EnvConfig) -> dict[str, tuple[int, ...]]:
-        widths = self.widths(config)
-        shapes: dict[str, tuple[int, ...]] = {}
-        for name, (fan_in, fan_out) in zip(self.layer_names(), itertools.pairwise(widths), strict=True):
-            shapes[f"{name}.weight"] = (fan_out, fan_in)
-            shapes[f"{name}.bias"] = (fan_out,)
-        return shapes
+        return self.mlp(config).shapes()
 
     def parameter_specs(self, env: Env) -> list[ParamSpec]:
         # PyTorch's nn.Linear default: weights and biases uniform in +-1/sqrt(fan_in).
-        rng = np.random.default_rng(self.seed)
-        specs = []
-        last = self.layer_names()[-1]
-        shapes = self.parameter_shapes(env.config)
-        for name, shape in shapes.items():
-            bound = 1.0 / np.sqrt(shapes[name.replace(".bias", ".weight")][1])
-            value = rng.uniform(-bound, bound, size=shape).astype(np.float32)
-            if name.startswith(f"{last}."):
-                value *= self.init_scale
-            specs.append(ParamSpec(name, shape, init=value, fd_step=1.0e-2))
-        return specs
+        return self.mlp(env.config).specs(seed=self.seed, init_scale=self.init_scale)
 
     # -- training mode -------------------------------------------------------------------
 
@@ -251,12 +197,13 @@ class Policy(Task):
 
     def buffers(self, env: Env) -> _Buffers:
         found = self._buffers.get(id(env))
-        if found is None or found.layers[0].shape[:2] != (env.horizon, env.world_count):
+        if found is None or found.observations.shape[:2] != (env.horizon, env.world_count):
             rows = (env.horizon, env.world_count)
-            widths = self.widths(env.config)
-            layers = [wp.zeros((*rows, w), dtype=wp.float32, device=env.device, requires_grad=True) for w in widths]
-            pre = [wp.zeros((*rows, w), dtype=wp.float32, device=env.device, requires_grad=True) for w in widths[1:]]
-            found = _Buffers(layers=layers, pre=pre, carry=wp.zeros(1, dtype=wp.int32, device=env.device))
+            found = _Buffers(
+                observations=wp.zeros((*rows, env.config.observation_dim()), device=env.device, requires_grad=True),
+                actions=wp.zeros((*rows, env.config.action_dim()), device=env.device, requires_grad=True),
+                carry=wp.zeros(1, dtype=wp.int32, device=env.device),
+            )
             self._buffers[id(env)] = found
         return found
 
@@ -279,33 +226,15 @@ class Policy(Task):
 
     def zero_grad(self, env: Env) -> None:
         buffers = self.buffers(env)
-        for array in (*buffers.layers, *buffers.pre):
+        for array in (buffers.observations, buffers.actions):
             array.grad.zero_()
+        self.mlp(env.config).zero_grad()
 
     def act(self, env: Env, params: ParamSet, t: int) -> None:
         buffers = self.buffers(env)
-        layers = buffers.layers
-        env.observe(t, layers[0][t])
-        names = self.layer_names()
-        for k, name in enumerate(names):
-            last = k == len(names) - 1
-            dim = (env.world_count, layers[k + 1].shape[2])
-            wp.launch(
-                _linear,
-                dim=dim,
-                inputs=[layers[k], t, params[f"{name}.weight"], params[f"{name}.bias"]],
-                outputs=[buffers.pre[k]],
-                device=env.device,
-            )
-            kind = ACTIVATIONS["tanh"] if last else ACTIVATIONS[self.activation]
-            wp.launch(
-                _activation,
-                dim=dim,
-                inputs=[buffers.pre[k], t, kind, self.action_scale if last else 1.0],
-                outputs=[layers[k + 1]],
-                device=env.device,
-            )
-        env.act(t, layers[-1])
+        env.observe(t, buffers.observations[t])
+        self.mlp(env.config).forward_step(params, buffers.observations, t, buffers.actions)
+        env.act(t, buffers.actions)
 
     def end(self, env: Env, params: ParamSet) -> None:
         if self._key is not None and self._windowed(env):
@@ -318,4 +247,4 @@ class Policy(Task):
 
     def rollout_actions(self, env: Env) -> wp.array:
         """The actions of the latest rollout, ``(horizon, world_count, action_dim)``."""
-        return self.buffers(env).layers[-1]
+        return self.buffers(env).actions

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -126,7 +127,13 @@ def zero_grads(env: Env, loss: WeightedLoss, params: ParamSet | list[ParamSet], 
 
 
 def taped_rollout(
-    env: Env, task: Task, loss: WeightedLoss, params: ParamSet, *, adjoint: AdjointClipper | None = None
+    env: Env,
+    task: Task,
+    loss: WeightedLoss,
+    params: ParamSet,
+    *,
+    adjoint: AdjointClipper | None = None,
+    objective: Callable[[Trajectory], wp.array] | None = None,
 ) -> tuple[wp.Tape, Trajectory, wp.array]:
     """Zero every gradient, then record rollout + loss on a fresh tape (``tape.backward(total)`` next).
 
@@ -136,6 +143,8 @@ def taped_rollout(
         loss: The loss, bound to the env's observables.
         params: The parameters the rollout reads.
         adjoint: In-backward adjoint clipper hooked into the rollout, if any.
+        objective: What backward starts from, recorded after the rollout (a task with an
+            objective of its own: SHAC's actor loss); default: the loss.
 
     Returns:
         The tape (keep it as long as a graph that captured it), the trajectory and the loss total.
@@ -150,7 +159,7 @@ def taped_rollout(
     with tape:
         hook = adjoint.step_hook(tape) if adjoint is not None else None
         trajectory = rollout(env, task, params, after_step=hook)
-        total = loss(trajectory)
+        total = loss(trajectory) if objective is None else objective(trajectory)
     return tape, trajectory, total
 
 
@@ -365,10 +374,11 @@ class TrainStep:
     def all_params(self) -> list[ParamSet]:
         return [group.params for group in self.groups.values()]
 
-    def forward_backward(self) -> Trajectory:
-        """Zero all gradients, record rollout + loss on a fresh tape, run backward; with
-        ``env.segment_steps`` set, in segments (:func:`harness.memory.segmented_forward_backward`,
-        whose time counts as ``backward``: it re-runs the forward pass segment by segment)."""
+    def forward_backward(self, objective: Callable[[Trajectory], wp.array] | None = None) -> Trajectory:
+        """Zero all gradients, record rollout + loss (or ``objective``) on a fresh tape, run
+        backward; with ``env.segment_steps`` set, in segments
+        (:func:`harness.memory.segmented_forward_backward`, whose time counts as ``backward``:
+        it re-runs the forward pass segment by segment)."""
         t0 = time.perf_counter()
         adjoint_before = self.adjoint.elapsed_s if self.adjoint is not None else 0.0
         params = self.state.primary.params
@@ -385,7 +395,7 @@ class TrainStep:
                 for other in self.all_params()[1:]:  # taped_rollout zeroes the rollout's own (the first group's)
                     other.zero_grad()
                 self._tape, self.trajectory, total = taped_rollout(
-                    self.env, self.task, self.loss, params, adjoint=self.adjoint
+                    self.env, self.task, self.loss, params, adjoint=self.adjoint, objective=objective
                 )
                 t1 = time.perf_counter()
                 self._tape.backward(total)
@@ -521,7 +531,8 @@ class TrainStep:
             self.loss.zero()
             trajectory = rollout(self.env, self.task, self.state.primary.params)
             total = self.loss(trajectory)
-            return float(total.numpy()[0]), self.env.describe(trajectory)
+            figures = {**self.env.describe(trajectory), **self.task.figures(self.env, self.loss, trajectory)}
+            return float(total.numpy()[0]), figures
 
     def eval_values(self) -> dict[str, dict[str, np.ndarray]]:
         """Host copies of every group's evaluated parameters, by group and name."""
