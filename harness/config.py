@@ -424,13 +424,24 @@ def divide(numerator: int, denominator: int) -> int:
     return int(numerator) // int(denominator)
 
 
+def multiply(*factors: int) -> int:
+    """``${harness.mul:a,b,...}``: the product (SHAC's critic decays its rate over all its updates:
+    ``${harness.mul:${iterations},${task.critic_epochs},${task.critic_minibatches}}``)."""
+    product = 1
+    for factor in factors:
+        product *= int(factor)
+    return product
+
+
 def register_resolvers() -> None:
     """Register the configs' resolvers: ``harness.run_name_suffix`` (``hydra.run.dir``) and
-    ``harness.div`` (integer division)."""
+    ``harness.div`` (integer division), ``harness.mul`` (a product)."""
     if not OmegaConf.has_resolver("harness.run_name_suffix"):
         OmegaConf.register_new_resolver("harness.run_name_suffix", run_name_suffix)
     if not OmegaConf.has_resolver("harness.div"):
         OmegaConf.register_new_resolver("harness.div", divide)
+    if not OmegaConf.has_resolver("harness.mul"):
+        OmegaConf.register_new_resolver("harness.mul", multiply)
 
 
 def compose_config(config_name: str, overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:

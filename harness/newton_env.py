@@ -106,8 +106,6 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         initial_quantities: Quantities that are a field of the initial state, by name, e.g.
             ``{"initial_velocity": "particle_qd"}``: their start value is the field as built,
             and ``set_quantity`` copies into :attr:`initial` (``task=initial`` trains them).
-        substeps: Solver steps per env step (of ``dt / substeps`` each), each with its own State:
-            an env step is a control step (SHAC's cartpole: 4 substeps of 1/240 s per 1/60 s).
         model: The Newton model; solver: the solver; states: the States of a rollout.
         initial: The initial state, by field (quantities of the initial state write here).
         observed: The recorded observables, by name, ``(rows, world_count, dim)``.
@@ -116,14 +114,13 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
     Config: ClassVar[type[EnvConfig]] = NewtonEnvConfig
     state_fields: ClassVar[tuple[str, ...]] = ("particle_q", "particle_qd")
     initial_quantities: ClassVar[dict[str, str]] = {}
-    substeps: ClassVar[int] = 1
     segment_note: ClassVar[str] = "its per-step arrays are not indexed by segment slot (NewtonEnv.slot)"
 
     def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
         super().__init__(config, device=device, **fields)  # fields may carry segment_steps (Env)
         self.model = self.build_model()
         self.solver = self.build_solver()
-        count = self.steps_kept * self.substeps + 1 if self.config.per_step_states else 2
+        count = self.steps_kept + 1 if self.config.per_step_states else 2
         self.states = [self.model.state(requires_grad=True) for _ in range(count)]
         self._starts: list[Any] = []  # per step: the state after a restart (enable_restarts)
         self._base = 0  # the step whose State is states[0] (a segment's start)
@@ -172,18 +169,14 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
 
     def state(self, t: int) -> Any:
         """The State holding the simulation after ``t`` steps."""
-        return self.substate(t, 0)
-
-    def substate(self, t: int, k: int) -> Any:
-        """The State after ``t`` steps and ``k`` of step ``t``'s substeps."""
         if not self.config.per_step_states:
-            return self.states[(t * self.substeps + k) % 2]
-        index = self.slot(t) * self.substeps + k
-        if not 0 <= index < len(self.states):
+            return self.states[t % 2]
+        k = self.slot(t)
+        if not 0 <= k < len(self.states):
             raise IndexError(
-                f"state {t} is outside the current segment (steps {self._base} .. {self._base + self.steps_kept})"
+                f"state {t} is outside the current segment (steps {self._base} .. {self._base + len(self.states) - 1})"
             )
-        return self.states[index]
+        return self.states[k]
 
     def current(self, t: int) -> Any:
         """The State step ``t`` starts from: :meth:`state` (t), or, with restarts on
@@ -381,15 +374,9 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
             wp.copy(getattr(first, name), self.initial[name])
 
     def step(self, t: int) -> None:
-        for k in range(self.substeps):
-            self.substep(t, k)
-
-    def substep(self, t: int, k: int) -> None:
-        """Substep ``k`` of step ``t``: the solver from the State before it to the State after it."""
-        state = self.current(t) if k == 0 else self.substate(t, k)
-        following = self.substate(t, k + 1) if k + 1 < self.substeps else self.state(t + 1)
+        state, following = self.current(t), self.state(t + 1)
         state.clear_forces()
-        self.solver.step(state, following, self.control_at(t), self.contacts_at(t), self.dt / self.substeps)
+        self.solver.step(state, following, self.control_at(t), self.contacts_at(t), self.dt)
 
     def trajectory(self) -> Trajectory:
         return dict(self.observed)

@@ -62,16 +62,20 @@ def test_policy_gradients_match_finite_differences():
     assert result.passed, result.table(params)
 
 
-def test_each_step_keeps_its_own_activations():
-    """Backward needs every step's activations: the per-step rows all differ after a rollout
-    (one shared buffer would hold the last step's only)."""
+def test_each_step_acts_on_its_own_observation_rows():
+    """Every step writes its own rows (backward replays each step's layers from them): after a
+    rollout every step's action is the MLP of that step's observation, and the rows differ."""
     task = small_policy()
     env = env_for(task, horizon=6, tilt=0.2)
     loss = WeightedLoss(UPRIGHT_TERMS)
     params = prepare(env, task, loss)
     rollout(env, task, params)
-    hidden = task.mlp(env.config).hidden_buffers((env.horizon, env.world_count), env.device)[0].numpy()
-    assert all(not np.array_equal(hidden[t], hidden[t + 1]) for t in range(5))
+    buffers = task.buffers(env)
+    observations = buffers.observations.numpy()
+    assert all(not np.array_equal(observations[t], observations[t + 1]) for t in range(5))
+    again = wp.zeros((6 * 2, 1), dtype=wp.float32, device="cpu")
+    task.mlp(env.config).forward(params, buffers.observations.reshape((12, 6)), again)
+    np.testing.assert_array_equal(again.numpy().reshape(6, 2, 1), buffers.actions.numpy())
 
 
 def test_captured_policy_rollout_matches_eager_bit_for_bit():

@@ -5,7 +5,7 @@ The weights and biases are parameters in the flat buffer (``l1.weight``, ``l1.bi
 as any other parameter, and TensorBoard shows each layer's gradient norm
 (``optim/grad_norm_pre/l1.weight``).
 
-The layers are the harness's MLP (:mod:`harness.mlp`: one tile kernel per layer), each step
+The layers are the harness's MLP (:mod:`harness.nn`: one fused tile kernel), each step
 writing its own rows: a policy applied at every step of one tape needs every step's
 activations for backward, so each step has its own input, hidden and output rows (the
 reason this module does not use a layer library that keeps one output buffer per module;
@@ -33,7 +33,7 @@ import warp as wp
 from harness import schema, tags
 from harness.env import CarriesState, DrawsStarts, Env, EnvConfig, PolicyEnv
 from harness.losses import WeightedLoss
-from harness.mlp import MLP
+from harness.nn import MLP
 from harness.params import ParamSet, ParamSpec
 from harness.tasks.base import Task
 
@@ -228,7 +228,6 @@ class Policy(Task):
         buffers = self.buffers(env)
         for array in (buffers.observations, buffers.actions):
             array.grad.zero_()
-        self.mlp(env.config).zero_grad()
 
     def act(self, env: Env, params: ParamSet, t: int) -> None:
         buffers = self.buffers(env)

@@ -46,7 +46,7 @@ import warp as wp
 from harness import schema, tags
 from harness.env import CarriesState, DrawsStarts, Env, EnvConfig, PolicyEnv, Restarts
 from harness.losses import WeightedLoss
-from harness.mlp import ACTIVATIONS, MLP
+from harness.nn import ACTIVATIONS, MLP
 from harness.params import ParamSet, ParamSpec
 from harness.tasks import shac_kernels as k
 from harness.tasks.base import Task
@@ -62,7 +62,7 @@ class NetArgs:
     """An MLP's shape (``task.actor``, ``task.critic``)."""
 
     hidden: tuple[int, ...] = schema.field((64, 64), minimum=1, doc="hidden layer widths")
-    activation: str = schema.field("elu", choices=tuple(a for a in ACTIVATIONS if a != "identity"), doc="activation")
+    activation: str = schema.field("elu", choices=tuple(ACTIVATIONS), doc="hidden activation")
     layer_norm: bool = schema.field(True, doc="LayerNorm after every hidden activation (Ba et al. 2016)")
 
 
@@ -76,7 +76,7 @@ class ActorArgs(NetArgs):
 class SHACArgs:
     """The task's own fields (``configs/task/shac.yaml``), checked by :mod:`harness.schema`."""
 
-    window: int = schema.field(32, minimum=1, doc="steps per actor update")
+    window: int | None = schema.field(32, minimum=1, doc="steps per actor update (null: a whole episode)")
     gamma: float = schema.field(0.99, minimum=0.0, strict=True, maximum=1.0, doc="discount per step")
     lam: float = schema.field(0.95, minimum=0.0, maximum=1.0, strict_maximum=True, doc="TD(lambda)'s lambda")
     critic_epochs: int = schema.field(16, minimum=1, doc="passes over the window's data per iteration")
@@ -189,11 +189,12 @@ class SHAC(Task):
                 f"task: shac maps observations to actions, and this env offers {config.observation_dim()} "
                 f"observations and {config.action_dim()} actions per world"
             )
-        rows = self.window * config.world_count
+        window = self.window or config.horizon
+        rows = window * config.world_count
         if rows % self.args.critic_minibatches:
             raise ValueError(
                 f"task.critic_minibatches: {self.args.critic_minibatches} does not divide the window's "
-                f"{self.window} x {config.world_count} = {rows} rows; accepted: a divisor of {rows}"
+                f"{window} x {config.world_count} = {rows} rows; accepted: a divisor of {rows}"
             )
 
     def check_loss(self, loss: WeightedLoss) -> None:
@@ -210,9 +211,10 @@ class SHAC(Task):
             raise ValueError("memory.segment_steps: task=shac trains in short windows already; accepted: null")
 
     def training_config(self, config: EnvConfig) -> EnvConfig:
-        """The env trains one window at a time; an episode lasts the configured horizon."""
+        """The env trains one window at a time; an episode lasts the configured horizon (a window
+        may hold several episodes' ends)."""
         self._episode = config.horizon
-        return dataclasses.replace(config, horizon=min(self.window, config.horizon))
+        return dataclasses.replace(config, horizon=self.window or config.horizon)
 
     def group_settings(self) -> dict[str, str]:
         return {"critic": "task.critic"}
@@ -308,8 +310,6 @@ class SHAC(Task):
         for array in (b.obs, b.obs_n, b.mean, b.actions, b.next_obs, b.next_n, b.next_values, b.cost, b.objective):
             array.grad.zero_()
         self._target.zero_grad()
-        for net in self._nets(env.config):
-            net.zero_grad()
 
     # -- the rollout --------------------------------------------------------------------------------
 
@@ -430,7 +430,6 @@ class SHAC(Task):
                 rows_m = slice(m * batch, (m + 1) * batch)
                 loss_m = b.losses[m : m + 1]
                 self._critic.zero_grad()
-                critic.zero_grad()
                 for array in (b.values, b.inputs):
                     array.grad.zero_()
                 loss_m.zero_()
