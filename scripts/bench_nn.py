@@ -4,8 +4,8 @@ Two shapes, forward + backward on one ``wp.Tape``, on the CPU by default:
 
 * **per step** (a policy inside a rollout): an MLP 6 -> 64 -> 64 -> 1 (tanh, tanh output)
   applied at every step of a 240-step, 32-world horizon, the next input depending on the last
-  output (``x[t+1] = x[t] + 0.01 * y[t]``, a stand-in for the simulator, as
-  ``scripts/bench_policy_mlp.py``), loss ``sum y^2``. Variants:
+  output (``x[t+1] = x[t] + 0.01 * y[t]``, a stand-in for the simulator), loss ``sum y^2``.
+  Variants:
 
   - ``policy kernels``: ``_linear`` and ``_activation`` of ``harness/tasks/policy.py`` as of
     commit 5d6a191 (reproduced here), two launches per layer and step, every step's rows in

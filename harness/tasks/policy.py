@@ -64,6 +64,7 @@ class Policy(Task):
     Args:
         hidden: Widths of the hidden layers, e.g. ``[64, 64]``.
         activation: ``tanh``, ``elu`` or ``relu`` (the hidden layers).
+        layer_norm: LayerNorm after every hidden activation (SHAC's networks; Ba et al. 2016).
         action_scale: The output layer is ``action_scale * tanh(.)``: actions stay within
             ``+-action_scale`` in the env's units (N for the cartpole).
         window: Steps per optimizer step during training (null: the env's horizon, full
@@ -89,6 +90,7 @@ class Policy(Task):
 
         hidden: tuple[int, ...] = schema.field(minimum=1, doc="hidden layer widths, e.g. [64, 64]")
         activation: str = schema.field(choices=("tanh", "elu", "relu"))
+        layer_norm: bool = schema.field()
         action_scale: float = schema.field(minimum=0.0, strict=True)
         window: int | None = schema.field(minimum=1)
         carry_from: int = schema.field(minimum=0)
@@ -102,6 +104,7 @@ class Policy(Task):
         *,
         hidden: Sequence[int] = (64, 64),
         activation: str = "tanh",
+        layer_norm: bool = False,
         action_scale: float = 1.0,
         window: int | None = None,
         carry_from: int = 0,
@@ -111,6 +114,7 @@ class Policy(Task):
     ):
         self.hidden = [int(h) for h in hidden]
         self.activation = activation
+        self.layer_norm = layer_norm
         self.action_scale = float(action_scale)
         self.window = window
         self.carry_from = carry_from
@@ -161,7 +165,8 @@ class Policy(Task):
         key = (config.observation_dim(), config.action_dim())
         if key not in self._mlps:
             self._mlps[key] = MLP(
-                key[0], self.hidden, key[1], activation=self.activation, output="tanh", output_scale=self.action_scale
+                key[0], self.hidden, key[1], activation=self.activation, layer_norm=self.layer_norm, output="tanh",
+                output_scale=self.action_scale,
             )
         return self._mlps[key]
 

@@ -265,6 +265,7 @@ class SHAC(Task):
                 **{f"carried/{name}": array for name, array in env.carried().items()},
             }
             self._finished = wp.zeros(3, dtype=wp.float32, device=device)
+            self._objective = wp.zeros(1, dtype=wp.float32, device=device, requires_grad=True)  # the actor's loss
             self._scalars = wp.zeros(4, dtype=wp.float32, device=device)  # critic loss, value and target means, std
         return self._state
 
@@ -296,7 +297,7 @@ class SHAC(Task):
             value_weight=wp.zeros((steps, worlds), dtype=wp.float32, device=device),
             keys=wp.zeros(steps + 1, dtype=wp.int32, device=device),
             carry=wp.zeros(1, dtype=wp.int32, device=device),
-            objective=grad(1),
+            objective=self.state(env) and self._objective,
             targets=wp.zeros(rows, dtype=wp.float32, device=device),
             inputs=wp.zeros((rows, obs), dtype=wp.float32, device=device, requires_grad=True),
             values=grad(batch, 1),
@@ -473,12 +474,14 @@ class SHAC(Task):
     # -- what it reports ------------------------------------------------------------------------------
 
     def columns(self, params: ParamSet, loss: WeightedLoss) -> list[tuple[str, wp.array, int]]:
-        """``shac/critic_loss`` (the mean minibatch loss of the last critic epoch), ``shac/value_mean``
+        """``shac/actor_loss`` (the actor's objective of the window; ``loss/total`` is the loss's own
+        value over it), ``shac/critic_loss`` (the mean minibatch loss of the last critic epoch), ``shac/value_mean``
         (the target critic over the window's states), ``shac/target_mean`` (the TD(lambda)
         targets), ``shac/action_std``, ``shac/episode_return`` and ``shac/episode_length`` (of the
         episodes that ended most recently; nan before the first)."""
         state = self._state
         found = [(tags.task("shac", name), self._scalars, i) for i, name in enumerate(SCALARS)]
+        found.append((tags.task("shac", "actor_loss"), self._objective, 0))
         found.append((tags.task("shac", "episode_return"), state["last_return"], 0))
         found.append((tags.task("shac", "episode_length"), state["last_length"], 0))
         return found

@@ -1,0 +1,221 @@
+"""Train and compare policies through the simulator: SHAC, critic-less windows, full BPTT.
+
+For every method and seed, trains one run (``python -m harness train``, one process each, two
+at a time; a finished run in the study folder is reused), then rolls every kept checkpoint
+out on held-out starts (``env.seed=7``, 64 worlds, deterministic actor, from the env's own
+starts) and reports the mean episode return (minus the loss's summed cost of each world's
+episode) and the upright fraction against the simulated steps of training (iterations x
+steps per iteration x worlds). Writes ``<out>.json`` (every curve), ``<out>.png`` (the return
+against simulated steps, the seeds' range shaded, a line per method's mean) and prints a
+Markdown table with the seeds as columns.
+
+Methods (the env's defaults otherwise; the same actor network, 64 x 64 ELU with LayerNorm):
+
+* ``shac``: ``task=shac`` (windows of 32, critic, SHAC's constants);
+* ``windows``: ``task=policy`` in windows carried across an episode, no critic
+  (``task.window``, a divisor of the episode; the same actor rate and decay);
+* ``bptt``: ``task=policy`` over whole episodes (backpropagation through the episode).
+
+Each method runs as many iterations as give ``--steps`` simulated steps. Run::
+
+    .venv/bin/python scripts/shac_study.py --env cartpole_swingup --seeds 0 1 2 3 4 \\
+        --methods shac windows bptt --runs /tmp/study --out docs/img/shac_swingup
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ACTOR = ["task.hidden=[64,64]", "task.activation=elu", "task.layer_norm=true", "task.init_scale=1.0"]
+"""task=policy with SHAC's actor network."""
+
+
+def method_overrides(method: str, env: str, episode: int, window: int, worlds: int, steps: int, extra: list[str]):
+    """The command-line overrides of one method, and its simulated steps per iteration."""
+    if method == "shac":
+        per_iteration = window * worlds
+        found = ["task=shac", f"task.window={window}"]
+    elif method == "windows":
+        divisor = min((d for d in range(1, episode + 1) if episode % d == 0), key=lambda d: (abs(d - window), d))
+        per_iteration = divisor * worlds
+        found = ["task=policy", *ACTOR, f"task.window={divisor}", "task.carry_from=0", "schedule=task/shac"]
+    elif method == "bptt":
+        per_iteration = episode * worlds
+        found = ["task=policy", *ACTOR, "task.window=null", "schedule=task/shac"]
+    else:
+        raise SystemExit(f"--methods: '{method}' is not one of shac, windows, bptt")
+    iterations = max(1, round(steps / per_iteration))
+    every = max(1, iterations // 20)
+    found += [
+        f"+env={env}", f"env.horizon={episode}", f"env.world_count={worlds}", f"iterations={iterations}",
+        f"checkpoint.every={every}", "checkpoint.keep=1000", f"log_every={every}", *extra,
+    ]  # fmt: skip
+    if method != "shac":
+        found.append("optim=task/shac_actor")
+    return found, per_iteration
+
+
+def train_all(jobs: list[tuple[Path, list[str]]], parallel: int) -> None:
+    """Run the training jobs whose folder has no finished summary, ``parallel`` at a time."""
+    todo = [(folder, args) for folder, args in jobs if not _finished(folder)]
+    running: list[tuple[subprocess.Popen, Path]] = []
+    while todo or running:
+        while todo and len(running) < parallel:
+            folder, args = todo.pop(0)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            log = open(folder.parent / f"{folder.name}.log", "w")
+            command = [sys.executable, "-m", "harness", "train", *args, f"hydra.run.dir={folder}"]
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            running.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), folder))
+            print(f"started {folder.name}", flush=True)
+        time.sleep(2)
+        for proc, folder in list(running):
+            if proc.poll() is not None:
+                running.remove((proc, folder))
+                print(f"{folder.name}: exit {proc.returncode}", flush=True)
+
+
+def _finished(folder: Path) -> bool:
+    summary = folder / "summary.json"
+    return summary.exists() and json.loads(summary.read_text()).get("status") == "finished"
+
+
+def evaluate_checkpoints(folder: Path, episode: int, horizons: tuple[int, ...]) -> list[dict]:
+    """Every checkpoint of ``folder`` rolled out on held-out starts: iteration, mean return
+    over an episode, upright fractions over each of ``horizons``."""
+    import warp as wp
+
+    from harness import checkpoint
+    from harness.build import trained_run
+    from harness.runs import RunFolder
+    from harness.tasks import rollout
+
+    paths = checkpoint.list_checkpoints(checkpoint.checkpoint_dir(folder))
+    found = []
+    for horizon in horizons:
+        held_out = ["env.seed=7", "env.world_count=64", f"env.horizon={horizon}"]
+        trained = trained_run(RunFolder(folder, "study"), held_out, checkpoint_name=str(paths[-1]), device="cpu")
+        step, env, loss = trained.trainer.step, trained.run.env, trained.run.loss
+        costs = wp.zeros((env.horizon, env.world_count), dtype=wp.float32, device=env.device)
+        for k, path in enumerate(paths):
+            trained.checkpoint = checkpoint.load(path)
+            trained.load()
+            with step.at_eval_params():
+                trajectory = rollout(env, step.task, step.params)
+                loss.step_costs(trajectory, costs)
+            c = costs.numpy().astype(np.float64)
+            figures = env.describe(trajectory)
+            if len(found) <= k:
+                found.append({"iteration": trained.checkpoint.iteration})
+            found[k][f"upright_{horizon}"] = figures.get("upright_fraction")
+            if horizon == episode:
+                found[k]["return"] = float(-c.sum(axis=0).mean())
+    return found
+
+
+def plot(curves: dict, path: Path, reference: dict | None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
+    colours = {"shac": "tab:blue", "windows": "tab:orange", "bptt": "tab:green"}
+    labels = {"shac": "SHAC", "windows": "windows, no critic", "bptt": "full BPTT"}
+    for method, runs in curves.items():
+        steps = np.array([p["steps"] for p in next(iter(runs.values()))])
+        returns = np.array([[p["return"] for p in run] for run in runs.values()])
+        ax.fill_between(steps, returns.min(axis=0), returns.max(axis=0), color=colours[method], alpha=0.2)
+        ax.plot(steps, returns.mean(axis=0), color=colours[method], label=f"{labels[method]} ({len(runs)} seeds)")
+    if reference:
+        for name, (steps, value, marker) in reference.items():
+            ax.plot([steps], [value], marker, color="black", label=name)
+    ax.set_xlabel("simulated steps (steps x worlds)")
+    ax.set_ylabel("episode return (64 held-out starts)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="cartpole_swingup")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--methods", nargs="+", default=["shac", "windows", "bptt"])
+    parser.add_argument("--episode", type=int, default=240, help="env.horizon: steps per episode")
+    parser.add_argument("--window", type=int, default=32)
+    parser.add_argument("--worlds", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=1_024_000, help="simulated steps per run")
+    parser.add_argument("--runs", type=Path, default=Path("/tmp/study"))
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "shac_swingup")
+    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--extra", nargs="*", default=[], help="further overrides for every run")
+    parser.add_argument("--reference", action="store_true", help="mark DiffRL's published SHAC/BPTT returns")
+    args = parser.parse_args()
+
+    jobs, per_iteration = [], {}
+    for method in args.methods:
+        for seed in args.seeds:
+            overrides, per_iteration[method] = method_overrides(
+                method, args.env, args.episode, args.window, args.worlds, args.steps, args.extra
+            )
+            jobs.append((args.runs / f"{args.env}_{method}_s{seed}", [*overrides, f"seed={seed}"]))
+    train_all(jobs, args.parallel)
+
+    curves: dict[str, dict[int, list]] = {}
+    table: dict[str, dict[int, dict]] = {}
+    for (folder, _), (method, seed) in zip(jobs, [(m, s) for m in args.methods for s in args.seeds], strict=True):
+        if not _finished(folder):
+            print(f"{folder.name}: not finished, left out", flush=True)
+            continue
+        points = evaluate_checkpoints(folder, args.episode, (args.episode, 2 * args.episode))
+        for point in points:
+            point["steps"] = point["iteration"] * per_iteration[method]
+        summary = json.loads((folder / "summary.json").read_text())
+        curves.setdefault(method, {})[seed] = points
+        table.setdefault(method, {})[seed] = {**points[-1], "wall_time_s": summary["wall_time_s"]}
+        upright = points[-1][f"upright_{2 * args.episode}"]
+        print(f"{folder.name}: return {points[-1]['return']:.1f}, upright over {2 * args.episode} steps {upright:.3f}, "
+              f"{summary['wall_time_s']:.0f} s", flush=True)  # fmt: skip
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({"curves": curves, "table": table}, indent=1) + "\n")
+    reference = None
+    if args.reference:
+        reference = {
+            "DiffRL SHAC, read from its figure (about -500)": (1.0e6, -500.0, "o"),
+            "DiffRL BPTT, read from its figure (about -800)": (1.0e6, -800.0, "s"),
+            "calibration, analytic model (mean -431)": (1.02e6, -431.0, "^"),
+        }
+    plot(curves, args.out.with_suffix(".png"), reference)
+    seeds = args.seeds
+    print("\n| method | " + " | ".join(f"seed {s}" for s in seeds) + " |")
+    print("|---|" + "---|" * len(seeds))
+    for method, rows in table.items():
+        cells = []
+        for s in seeds:
+            row = rows.get(s)
+            if row is None:
+                cells.append("n/a")
+                continue
+            upright = row[f"upright_{2 * args.episode}"]
+            cells.append(f"{row['return']:.0f}, {upright:.2f}, {row['wall_time_s'] / 60:.1f} min")
+        print(f"| {method} | " + " | ".join(cells) + " |")
+    print(f"\n(return over {args.episode} steps, upright fraction over {2 * args.episode}, training wall time)")
+    print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
