@@ -39,6 +39,7 @@ from harness.tasks.base import Task
 
 __all__ = ["Policy"]
 
+
 @wp.kernel
 def _episode_flags(
     counter: wp.array(dtype=wp.int32), windows_per_episode: int, carry_from: int, carry: wp.array(dtype=wp.int32)
@@ -165,7 +166,12 @@ class Policy(Task):
         key = (config.observation_dim(), config.action_dim())
         if key not in self._mlps:
             self._mlps[key] = MLP(
-                key[0], self.hidden, key[1], activation=self.activation, layer_norm=self.layer_norm, output="tanh",
+                key[0],
+                self.hidden,
+                key[1],
+                activation=self.activation,
+                layer_norm=self.layer_norm,
+                output="tanh",
                 output_scale=self.action_scale,
             )
         return self._mlps[key]
