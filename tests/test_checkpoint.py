@@ -288,6 +288,7 @@ def test_a_changed_value_derived_from_iterations_is_named_with_its_source(tmp_pa
     assert train([*args, "iterations=6", "resume=auto", "schedule.decay_steps=4"], tmp_path).returncode == 0
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_multirun_resume_checks_each_jobs_checkpoint_against_its_config(tmp_path):
     sweep = tmp_path / "sweep"
     base = [*RUN, "iterations=4", "checkpoint.every=2", "clip.max_norm=1,2", f"hydra.sweep.dir={sweep}"]

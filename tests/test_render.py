@@ -54,6 +54,7 @@ def test_render_writes_recordings_newtons_viewer_file_replays(cartpole_run):
     assert viewer.get_frame_count() == 25
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_render_a_particle_env_and_an_older_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     args = ("+env=spring_cage", "iterations=4", "checkpoint.every=2", f"hydra.run.dir={run_dir}")

@@ -293,6 +293,7 @@ def test_submitit_local_launcher_runs_one_job(tmp_path):
     assert list(sweep.glob(".submitit/*"))  # submitit's own job folder: it really went through submitit
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_parallel_jobs_share_a_cold_kernel_cache_compiled_once_before_launch(tmp_path):
     """A fresh WARP_CACHE_PATH: the warm-up callback compiles in the launching process;
     both parallel jobs then only load cached modules, Featherstone's included."""

@@ -173,7 +173,7 @@ def test_user_env_trains_gradchecks_and_resumes_from_its_own_folder(user_folder)
 @pytest.mark.parametrize(
     ("name", "field", "accepted"),
     [
-        ("nowhere", "env:", "accepted: ball, cartpole, cloth, inverted, no_module, projectile"),
+        ("nowhere", "env:", "accepted: ball, cartpole, cartpole_swingup, cloth, inverted, no_module, projectile"),
         ("no_module", "env._target_", "cannot import 'my_robotz.Projectile'"),
         ("raising", "env:", "RuntimeError: the robot's mesh file is missing"),
         ("inverted", "env: quantity 'launch_velocity'", "accepted: lower <= upper"),
