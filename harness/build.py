@@ -350,11 +350,11 @@ class TrainedRun:
         from harness.runs import RunError
 
         state = self.trainer.step.state
-        mine = state.arrays()
         try:
             # a windowed policy's checkpoint also holds the state its training carried between
-            # windows; an evaluation rolls whole episodes from the env's own starts and needs none of it
-            state.load({k: v for k, v in self.checkpoint.arrays.items() if not k.startswith("task/") or k in mine})
+            # windows; an evaluation rolls whole episodes from the env's own starts and needs only
+            # what the task names (harness.tasks.Task.evaluation_state)
+            state.load(self.checkpoint.arrays, task_keys=getattr(self.run.task, "evaluation_state", ()))
         except ValueError as exc:
             raise RunError(f"checkpoint: '{self.checkpoint.path}' does not fit this run ({exc})") from None
 

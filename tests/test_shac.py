@@ -21,6 +21,7 @@ from harness.tasks import shac_kernels as k
 from harness.training import Callback
 from tests.test_checkpoint import final_checkpoint, newest_iteration, start, train, wait_for
 from tests.test_errors import assert_clean_rejection
+from tests.helpers import run_harness
 
 SMALL = [
     "+env=cartpole", "task=shac", "env.world_count=4", "task.window=8", "env.horizon=5", "task.critic_minibatches=2",
@@ -178,6 +179,20 @@ def test_both_groups_and_the_critic_are_logged_and_checkpointed(tmp_path):
         assert key in saved.arrays, key
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert "episode_return" in summary["after_training"]
+
+    # evaluated again: the checkpoint's observation statistics normalise the observations (the
+    # same rollout as the run's own final evaluation, which spans one window of the env's own
+    # starts), and the per-world training bookkeeping is not needed, so another world count
+    # evaluates too
+    same = run_harness("evaluate", "run", "env.horizon=8", "out=same.json", cwd=tmp_path, timeout=300)
+    assert same.returncode == 0, same.stderr
+    report = json.loads((tmp_path / "same.json").read_text())
+    assert report["figures"]["episode_return"] == summary["after_training"]["episode_return"]
+    assert report["loss"] == summary["final_loss"]
+    wider = run_harness("evaluate", "run", "env.world_count=6", "env.seed=7", cwd=tmp_path, timeout=300)
+    assert wider.returncode == 0, wider.stderr
+    report = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert report["env"]["world_count"] == 6 and np.isfinite(report["figures"]["episode_return"])
 
 
 def test_a_shac_run_killed_with_sigkill_resumes_bit_for_bit(tmp_path):

@@ -37,6 +37,10 @@ class Task(abc.ABC):
     training_only: ClassVar[tuple[str, ...]] = ()
     """The task's config keys that only shape training (a policy's ``window``): unset when a
     run is evaluated (:func:`harness.build.evaluation_config`)."""
+    evaluation_state: ClassVar[tuple[str, ...]] = ()
+    """The keys of the task's state (:meth:`state`) that an evaluation of a checkpoint uses (SHAC's
+    observation statistics); the rest (per-world bookkeeping, carried states) is training's only
+    and is not loaded, so an evaluation may use another ``env.world_count``."""
 
     def required_roles(self) -> tuple[type, ...]:
         """The env roles this task, with its settings, needs (:attr:`roles` by default)."""

@@ -135,6 +135,7 @@ class SHAC(Task):
     name = "shac"
     roles = (PolicyEnv, DrawsStarts, CarriesState, Restarts)
     training_only = ("window",)
+    evaluation_state = ("obs_mean", "obs_var", "obs_count")
 
     def __init__(
         self,

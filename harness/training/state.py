@@ -17,7 +17,7 @@ existed; a run with several groups prefixes each group's arrays with its name
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import numpy as np
 import warp as wp
@@ -92,12 +92,21 @@ class TrainState:
         """Host copies of every leaf, for a checkpoint (a host round trip: checkpoint time only)."""
         return save_state(self.arrays())
 
-    def load(self, saved: Mapping[str, np.ndarray]) -> None:
+    def load(self, saved: Mapping[str, np.ndarray], *, task_keys: Collection[str] | None = None) -> None:
         """Overwrite every leaf with saved arrays, bit for bit (arrays of an older layout
         under their current names, :data:`RENAMED_ARRAYS`).
+
+        Args:
+            saved: The arrays of a checkpoint.
+            task_keys: Load only these keys of the task's state (an evaluation's); None: all.
 
         Raises:
             ValueError: One line naming the missing, unexpected or mismatched arrays.
         """
         current = {RENAMED_ARRAYS.get(key, key): value for key, value in saved.items()}
-        load_state(self.arrays(), current)
+        mine = self.arrays()
+        if task_keys is not None:
+            keep = {f"task/{key}" for key in task_keys}
+            mine = {k: v for k, v in mine.items() if not k.startswith("task/") or k in keep}
+            current = {k: v for k, v in current.items() if not k.startswith("task/") or k in keep}
+        load_state(mine, current)
