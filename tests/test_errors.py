@@ -13,12 +13,15 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from harness import checkpoint
 from tests.helpers import harness_env, run_harness
 
+ENVS = "ball, cartpole, cartpole_swingup, cloth, soft_body, spring_cage"
+"""The env options of the repository, as a refusal lists them."""
+
 ENV = ["+env=cartpole", "env.horizon=4", "env.world_count=1", "iterations=1"]
 
 CASES = [
     # (id, extra arguments (without ENV when the case replaces it), field named, what is accepted)
     ("missing_env", ["train"], "env:", "+env=NAME"),
-    ("unknown_env", ["train", "+env=pendulum"], "env:", "accepted: ball, cartpole, cartpole_swingup, cloth, soft_body, spring_cage"),
+    ("unknown_env", ["train", "+env=pendulum"], "env:", f"accepted: {ENVS}"),
     ("unknown_clip", ["train", *ENV, "clip=bogus"], "clip:", "accepted: "),
     ("unknown_optim", ["train", *ENV, "optim=nadam"], "optim:", "adam"),
     ("unknown_loss", ["train", *ENV, "loss=nope"], "loss:", "cartpole_upright"),

@@ -19,9 +19,9 @@ from harness import build, checkpoint, config
 from harness.tasks import rollout
 from harness.tasks import shac_kernels as k
 from harness.training import Callback
+from tests.helpers import run_harness
 from tests.test_checkpoint import final_checkpoint, newest_iteration, start, train, wait_for
 from tests.test_errors import assert_clean_rejection
-from tests.helpers import run_harness
 
 SMALL = [
     "+env=cartpole", "task=shac", "env.world_count=4", "task.window=8", "env.horizon=5", "task.critic_minibatches=2",
