@@ -166,11 +166,20 @@ class Task(abc.ABC):
         evaluated over whole episodes), unless the task fixes the env's size (a recording's)."""
         return config
 
+    training_key: wp.array | None = None
+    """The device iteration counter while a training rollout is recorded (:meth:`training`),
+    None outside one: a task that draws initial states draws with it."""
+
     @contextlib.contextmanager
     def training(self, key: wp.array) -> Iterator[None]:
         """Rollouts inside this block are training rollouts; ``key`` is the device iteration
-        counter (a task that draws initial states draws with it). Nothing by default."""
-        yield
+        counter, :attr:`training_key` inside the block."""
+        previous = self.training_key
+        self.training_key = key
+        try:
+            yield
+        finally:
+            self.training_key = previous
 
     def state(self, env: Env) -> dict[str, wp.array]:
         """Device arrays that carry over between iterations and belong in a checkpoint."""

@@ -24,9 +24,8 @@ from the env's own initial states (``env.seed``) over the whole horizon.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import warp as wp
 
@@ -124,7 +123,6 @@ class Policy(Task):
         self.init_scale = float(init_scale)
         self._buffers: dict[int, _Buffers] = {}
         self._mlps: dict[tuple[int, int], MLP] = {}
-        self._key: wp.array | None = None
         self._episode: int | None = None  # the env horizon an episode has in training (windows)
 
     # -- shapes ------------------------------------------------------------------------
@@ -185,17 +183,6 @@ class Policy(Task):
 
     # -- training mode -------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def training(self, key: wp.array) -> Iterator[None]:
-        """Rollouts in this block train: fresh starts drawn with ``key`` (the iteration
-        counter), windows carried across iterations."""
-        previous = self._key
-        self._key = key
-        try:
-            yield
-        finally:
-            self._key = previous
-
     def state(self, env: Env) -> dict[str, wp.array]:
         """The env's carried state: a checkpoint holds it, so a run resumed mid-episode goes on
         from where it stopped."""
@@ -220,17 +207,17 @@ class Policy(Task):
 
     def begin(self, env: Env, params: ParamSet) -> None:
         buffers = self.buffers(env)
-        if self._key is None:
+        if self.training_key is None:
             env.restore_initial()
         elif self.random_starts or self._windowed(env):
             env.keep_built_initial()  # once: what evaluation rollouts start from
             if self.random_starts:
-                env.draw_initial(self._key)
+                env.draw_initial(self.training_key)
             else:
                 env.restore_initial()
             if self._windowed(env):
                 per_episode = self._episode // env.horizon
-                wp.launch(_episode_flags, dim=1, inputs=[self._key, per_episode, self.carry_from],
+                wp.launch(_episode_flags, dim=1, inputs=[self.training_key, per_episode, self.carry_from],
                           outputs=[buffers.carry], device=env.device)  # fmt: skip
                 env.carry_final(buffers.carry)
         env.reset()
@@ -247,7 +234,7 @@ class Policy(Task):
         env.act(t, buffers.actions)
 
     def end(self, env: Env, params: ParamSet) -> None:
-        if self._key is not None and self._windowed(env):
+        if self.training_key is not None and self._windowed(env):
             env.keep_final()
 
     def columns(self, params: ParamSet, loss: WeightedLoss) -> list[tuple[str, wp.array, int]]:

@@ -35,9 +35,8 @@ Where this differs from SHAC's code (NVlabs/DiffRL), and why, is in docs/tasks.m
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -163,7 +162,6 @@ class SHAC(Task):
         self.critic_args = schema.build(NetArgs, dict(critic or {}), prefix="task.critic", ignore=UPDATE_KEYS)
         self._episode: int | None = None  # an episode's steps (the env's configured horizon)
         self._buffers: dict[int, _Window] = {}
-        self._key: wp.array | None = None
         self._restarting: set[int] = set()
         self._critic: ParamSet | None = None
         self._target: ParamSet | None = None
@@ -315,18 +313,9 @@ class SHAC(Task):
 
     # -- the rollout --------------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def training(self, key: wp.array) -> Iterator[None]:
-        previous = self._key
-        self._key = key
-        try:
-            yield
-        finally:
-            self._key = previous
-
     def begin(self, env: Env, params: ParamSet) -> None:
         b = self.buffers(env)
-        if self._key is None:
+        if self.training_key is None:
             env.restore_initial()
         else:
             if id(env) not in self._restarting:
@@ -334,7 +323,9 @@ class SHAC(Task):
                 self._restarting.add(id(env))
             state = self.state(env)
             steps = env.horizon
-            wp.launch(k.window_keys, dim=steps + 1, inputs=[self._key, steps], outputs=[b.keys], device=env.device)
+            wp.launch(
+                k.window_keys, dim=steps + 1, inputs=[self.training_key, steps], outputs=[b.keys], device=env.device
+            )
             wp.launch(
                 k.episode_marks, dim=env.world_count,
                 inputs=[state["episode_step"], self._episode, steps],
@@ -342,7 +333,7 @@ class SHAC(Task):
                 device=env.device,
             )  # fmt: skip
             env.draw_initial(b.keys[0:1])
-            wp.launch(_carry_after_first, dim=1, inputs=[self._key], outputs=[b.carry], device=env.device)
+            wp.launch(_carry_after_first, dim=1, inputs=[self.training_key], outputs=[b.carry], device=env.device)
             env.carry_final(b.carry)
         env.reset()
 
@@ -363,7 +354,7 @@ class SHAC(Task):
             return
         b = self.buffers(env)
         self._observe(env, t, t - 1, b.next_obs, b.next_n, ended=True)
-        env.restart(t, b.done[t - 1] if self._key is not None else b.no_restart, b.keys[t : t + 1])
+        env.restart(t, b.done[t - 1] if self.training_key is not None else b.no_restart, b.keys[t : t + 1])
 
     def act(self, env: Env, params: ParamSet, t: int) -> None:
         b = self.buffers(env)
@@ -372,10 +363,11 @@ class SHAC(Task):
         self._observe(env, t, t, b.obs, b.obs_n)
         actor, _ = self._nets(env.config)
         actor.forward_step(params, b.obs_n, t, b.mean)
+        training = self.training_key is not None
         wp.launch(
             k.sample_actions, dim=(env.world_count, b.mean.shape[2]),
-            inputs=[b.mean, params["log_std"], t, self._key if self._key is not None else b.keys, self.args.seed,
-                    env.horizon, int(self._key is not None), self.action_scale],
+            inputs=[b.mean, params["log_std"], t, self.training_key if training else b.keys, self.args.seed,
+                    env.horizon, int(training), self.action_scale],
             outputs=[b.actions], device=env.device,
         )  # fmt: skip
         env.act(t, b.actions)
@@ -383,7 +375,7 @@ class SHAC(Task):
     def end(self, env: Env, params: ParamSet) -> None:
         if id(env) in self._restarting:
             self._restart(env, env.horizon)
-        if self._key is not None:
+        if self.training_key is not None:
             env.keep_final()
 
     def rollout_actions(self, env: Env) -> wp.array:
