@@ -40,6 +40,9 @@ sys.path.insert(0, str(ROOT))
 ACTOR = ["task.hidden=[64,64]", "task.activation=elu", "task.layer_norm=true", "task.init_scale=1.0"]
 """task=policy with SHAC's actor network."""
 
+DECAY = ["schedule=linear_decay", "schedule.min_factor=0.001"]
+"""SHAC's actor schedule (1e-2 linearly to 1e-5 over the run) for task=policy."""
+
 
 def method_overrides(method: str, env: str, episode: int, window: int, worlds: int, steps: int, extra: list[str]):
     """The command-line overrides of one method, and its simulated steps per iteration."""
@@ -49,10 +52,10 @@ def method_overrides(method: str, env: str, episode: int, window: int, worlds: i
     elif method == "windows":
         divisor = min((d for d in range(1, episode + 1) if episode % d == 0), key=lambda d: (abs(d - window), d))
         per_iteration = divisor * worlds
-        found = ["task=policy", *ACTOR, f"task.window={divisor}", "task.carry_from=0", "schedule=task/shac"]
+        found = ["task=policy", *ACTOR, f"task.window={divisor}", "task.carry_from=0", *DECAY]
     elif method == "bptt":
         per_iteration = episode * worlds
-        found = ["task=policy", *ACTOR, "task.window=null", "schedule=task/shac"]
+        found = ["task=policy", *ACTOR, "task.window=null", *DECAY]
     else:
         raise SystemExit(f"--methods: '{method}' is not one of shac, windows, bptt")
     iterations = max(1, round(steps / per_iteration))
@@ -62,7 +65,7 @@ def method_overrides(method: str, env: str, episode: int, window: int, worlds: i
         f"checkpoint.every={every}", "checkpoint.keep=1000", f"log_every={every}", *extra,
     ]  # fmt: skip
     if method != "shac":
-        found.append("optim=task/shac_actor")
+        found += ["optim=adam", "optim.lr=0.01", "optim.betas=[0.7,0.95]"]  # SHAC actor rate
     return found, per_iteration
 
 
@@ -124,6 +127,19 @@ def evaluate_checkpoints(folder: Path, episode: int, horizons: tuple[int, ...]) 
     return found
 
 
+REFERENCE = {
+    "DiffRL SHAC, read off the paper's figure": (
+        [1.0e5, 2.2e5, 3.0e5, 5.0e5, 1.0e6],
+        [-1800, -1000, -800, -600, -500],
+        "o--",
+    ),
+    "DiffRL BPTT, read off the paper's figure": ([3.0e5, 6.0e5, 1.0e6], [-1450, -1400, -800], "s:"),
+    "calibration: analytic model, the URDF's masses (mean of 5)": ([1.02e6], [-431.0], "^"),
+}
+"""Xu et al. 2022, Figure (cartpole swing-up), read by eye (roughly +-50); the calibration of
+../shared/docs/background.md section 10 (another system: cart 1 kg, pole 10 kg)."""
+
+
 def plot(curves: dict, path: Path, reference: dict | None) -> None:
     import matplotlib
 
@@ -139,8 +155,8 @@ def plot(curves: dict, path: Path, reference: dict | None) -> None:
         ax.fill_between(steps, returns.min(axis=0), returns.max(axis=0), color=colours[method], alpha=0.2)
         ax.plot(steps, returns.mean(axis=0), color=colours[method], label=f"{labels[method]} ({len(runs)} seeds)")
     if reference:
-        for name, (steps, value, marker) in reference.items():
-            ax.plot([steps], [value], marker, color="black", label=name)
+        for name, (steps, values, style) in reference.items():
+            ax.plot(steps, values, style, color="black", label=name, markersize=5)
     ax.set_xlabel("simulated steps (steps x worlds)")
     ax.set_ylabel("episode return (64 held-out starts)")
     ax.grid(alpha=0.3)
@@ -163,7 +179,13 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--extra", nargs="*", default=[], help="further overrides for every run")
     parser.add_argument("--reference", action="store_true", help="mark DiffRL's published SHAC/BPTT returns")
+    parser.add_argument("--plot-only", action="store_true", help="redraw <out>.png from <out>.json")
     args = parser.parse_args()
+    if args.plot_only:
+        data = json.loads(args.out.with_suffix(".json").read_text())
+        curves = {m: {int(s): p for s, p in runs.items()} for m, runs in data["curves"].items()}
+        plot(curves, args.out.with_suffix(".png"), REFERENCE if args.reference else None)
+        return
 
     jobs, per_iteration = [], {}
     for method in args.methods:
@@ -192,14 +214,7 @@ def main() -> None:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"curves": curves, "table": table}, indent=1) + "\n")
-    reference = None
-    if args.reference:
-        reference = {
-            "DiffRL SHAC, read from its figure (about -500)": (1.0e6, -500.0, "o"),
-            "DiffRL BPTT, read from its figure (about -800)": (1.0e6, -800.0, "s"),
-            "calibration, analytic model (mean -431)": (1.02e6, -431.0, "^"),
-        }
-    plot(curves, args.out.with_suffix(".png"), reference)
+    plot(curves, args.out.with_suffix(".png"), REFERENCE if args.reference else None)
     seeds = args.seeds
     print("\n| method | " + " | ".join(f"seed {s}" for s in seeds) + " |")
     print("|---|" + "---|" * len(seeds))
