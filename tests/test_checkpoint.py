@@ -203,6 +203,7 @@ def test_checkpoint_of_a_different_run_is_refused_with_nothing_changed(tmp_path,
     assert (run_dir / "summary.json").read_bytes() == summary_before
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_same_seed_and_config_give_the_same_loss_curve_bit_for_bit(tmp_path):
     curves = []
     for name in ("a", "b"):
@@ -278,6 +279,7 @@ def test_resuming_twice_from_an_old_checkpoint_keeps_both_abandoned_branches(tmp
     assert sorted(p.name for p in second.iterdir()) == ["ckpt_00000004.hckpt", "ckpt_00000006.hckpt"]
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_changed_value_derived_from_iterations_is_named_with_its_source(tmp_path):
     run_dir = tmp_path / "run"
     args = [*RUN, "schedule=cosine_decay", "checkpoint.every=2", f"hydra.run.dir={run_dir}"]

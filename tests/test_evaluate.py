@@ -68,6 +68,7 @@ def test_an_earlier_checkpoint_can_be_named(policy_run):
     assert json.loads((policy_run / "first.json").read_text())["checkpoint"] == str(saved[0])
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_open_loop_overrides_that_change_shapes_are_refused_and_others_accepted(tmp_path):
     train(tmp_path, "open", "+env=cartpole", "env.horizon=8", "env.world_count=2")
     line = one_line_refusal(evaluate(tmp_path, "open", "env.horizon=16"), "controls", "(8, 2)", "(16, 2)")

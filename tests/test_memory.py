@@ -126,6 +126,7 @@ def test_a_state_outside_the_current_segment_is_refused():
         taped_rollout(env, task, loss, params)
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_command_line_training_with_segments_logs_the_same_losses(tmp_path):
     """`memory.segment_steps=auto` from the command line: the same summary losses as the full tape."""
     common = ["+env=cartpole", "env.horizon=30", "env.world_count=1", "iterations=3", "log_every=3", "device=cpu"]

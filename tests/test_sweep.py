@@ -157,6 +157,7 @@ def start_long_job(sweep: Path, threshold: str, cwd: Path) -> tuple[subprocess.P
     return proc, job
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_report_marks_failed_interrupted_and_unfinished_jobs(joblib_sweep, tmp_path):
     sweep = tmp_path / "sweep"
     shutil.copytree(joblib_sweep[0], sweep)
@@ -275,6 +276,7 @@ def test_tensorboard_server_serves_the_sweep_runs_scalars_and_hparams(joblib_swe
         server.wait(timeout=30)
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_submitit_local_launcher_runs_one_job(tmp_path):
     sweep = tmp_path / "sweep"
     proc = harness(
