@@ -141,21 +141,27 @@ REFERENCE = {
 
 
 def plot(curves: dict, path: Path, reference: dict | None) -> None:
+    """Two panels against simulated steps: the return over one episode (with ``reference``) and
+    the upright fraction over twice the episode; each method's mean, its seeds' range shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
+    fig, (ax, up) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
     colours = {"shac": "tab:blue", "windows": "tab:orange", "bptt": "tab:green"}
     labels = {"shac": "SHAC", "windows": "windows, no critic", "bptt": "full BPTT"}
     means = []
     for method, runs in curves.items():
-        steps = np.array([p["steps"] for p in next(iter(runs.values()))])
-        returns = np.array([[p["return"] for p in run] for run in runs.values()])
-        ax.fill_between(steps, returns.min(axis=0), returns.max(axis=0), color=colours[method], alpha=0.2)
-        means.append(returns.mean(axis=0))
-        ax.plot(steps, returns.mean(axis=0), color=colours[method], label=f"{labels[method]} ({len(runs)} seeds)")
+        first = next(iter(runs.values()))
+        steps = np.array([p["steps"] for p in first])
+        upright_key = next(k for k in first[-1] if k.startswith("upright_") and k != f"upright_{_episode(first)}")
+        for axis, key in ((ax, "return"), (up, upright_key)):
+            values = np.array([[p[key] for p in run] for run in runs.values()])
+            axis.fill_between(steps, values.min(axis=0), values.max(axis=0), color=colours[method], alpha=0.2)
+            axis.plot(steps, values.mean(axis=0), color=colours[method], label=f"{labels[method]} ({len(runs)} seeds)")
+            if key == "return":
+                means.append(values.mean(axis=0))
     if reference:
         for name, (steps, values, style) in reference.items():
             ax.plot(steps, values, style, color="black", label=name, markersize=5)
@@ -163,12 +169,21 @@ def plot(curves: dict, path: Path, reference: dict | None) -> None:
     if low < -3000:  # keep the methods' later differences readable; say what is cut
         ax.set_ylim(-3000, 100)
         ax.set_title(f"(the axis stops at -3000; the lowest mean is {low:.0f})", fontsize=8)
-    ax.set_xlabel("simulated steps (steps x worlds)")
-    ax.set_ylabel("episode return (64 held-out starts)")
-    ax.grid(alpha=0.3)
+    ax.set_ylabel("return over one episode (64 held-out starts)")
+    up.set_ylabel(f"upright fraction over {upright_key.split('_')[1]} steps (64 held-out starts)")
+    up.set_ylim(-0.03, 1.03)
+    for axis in (ax, up):
+        axis.set_xlabel("simulated steps (steps x worlds)")
+        axis.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
+    up.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
+
+
+def _episode(points: list[dict]) -> int:
+    """The episode length of a curve: the shorter of its two upright horizons."""
+    return min(int(k.split("_")[1]) for k in points[-1] if k.startswith("upright_"))
 
 
 def main() -> None:
