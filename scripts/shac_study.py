@@ -6,8 +6,8 @@ out on held-out starts (``env.seed=7``, 64 worlds, deterministic actor, from the
 starts) and reports the mean episode return (minus the loss's summed cost of each world's
 episode) and the upright fraction against the simulated steps of training (iterations x
 steps per iteration x worlds). Writes ``<out>.json`` (every curve), ``<out>.png`` (the return
-against simulated steps, the seeds' range shaded, a line per method's mean) and prints a
-Markdown table with the seeds as columns.
+and the upright fraction against simulated steps, the seeds' range shaded, a line per method's
+mean) and prints a Markdown table with the seeds as columns.
 
 Methods (the env's defaults otherwise; the same actor network, 64 x 64 ELU with LayerNorm):
 
@@ -20,6 +20,12 @@ Each method runs as many iterations as give ``--steps`` simulated steps. Run::
 
     .venv/bin/python scripts/shac_study.py --env cartpole_swingup --seeds 0 1 2 3 4 \\
         --methods shac windows bptt --runs /tmp/study --out docs/img/shac_swingup
+
+and the double-pendulum balance (``task=shac``'s ``per_env.cartpole`` settings)::
+
+    .venv/bin/python scripts/shac_study.py --env cartpole --seeds 0 1 2 3 4 --methods shac \\
+        --episode 240 --window 128 --worlds 32 --steps 4096000 --runs /tmp/balstudy \\
+        --out docs/img/shac_balance
 """
 
 from __future__ import annotations
