@@ -157,21 +157,22 @@ def plot(curves: dict, path: Path, reference: dict | None) -> None:
     fig, (ax, up) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
     colours = {"shac": "tab:blue", "windows": "tab:orange", "bptt": "tab:green"}
     labels = {"shac": "SHAC", "windows": "windows, no critic", "bptt": "full BPTT"}
-    means = []
+    low = 0.0
     for method, runs in curves.items():
         first = next(iter(runs.values()))
         steps = np.array([p["steps"] for p in first])
-        upright_key = next(k for k in first[-1] if k.startswith("upright_") and k != f"upright_{_episode(first)}")
+        # the longer of the two evaluation horizons: twice the episode
+        upright_key = max((k for k in first[-1] if k.startswith("upright_")), key=lambda k: int(k.split("_")[1]))
         for axis, key in ((ax, "return"), (up, upright_key)):
             values = np.array([[p[key] for p in run] for run in runs.values()])
+            mean = values.mean(axis=0)
             axis.fill_between(steps, values.min(axis=0), values.max(axis=0), color=colours[method], alpha=0.2)
-            axis.plot(steps, values.mean(axis=0), color=colours[method], label=f"{labels[method]} ({len(runs)} seeds)")
+            axis.plot(steps, mean, color=colours[method], label=f"{labels[method]} ({len(runs)} seeds)")
             if key == "return":
-                means.append(values.mean(axis=0))
+                low = min(low, float(mean.min()))
     if reference:
         for name, (steps, values, style) in reference.items():
             ax.plot(steps, values, style, color="black", label=name, markersize=5)
-    low = min(float(np.min(v)) for v in means)
     if low < -3000:  # keep the methods' later differences readable; say what is cut
         ax.set_ylim(-3000, 100)
         ax.set_title(f"(the axis stops at -3000; the lowest mean is {low:.0f})", fontsize=8)
@@ -185,11 +186,6 @@ def plot(curves: dict, path: Path, reference: dict | None) -> None:
     up.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
-
-
-def _episode(points: list[dict]) -> int:
-    """The episode length of a curve: the shorter of its two upright horizons."""
-    return min(int(k.split("_")[1]) for k in points[-1] if k.startswith("upright_"))
 
 
 def main() -> None:
