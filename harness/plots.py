@@ -1,7 +1,7 @@
 """Plots of a rollout against time: every per-step observable and an open-loop task's actions,
 one panel per component, a reference run dashed and the current one solid.
 
-:class:`SeriesFigure` is drawn on a worker thread for TensorBoard's ``rollout/plot``
+:class:`SeriesFigure` is drawn on a worker thread for TensorBoard's ``loss/rollout``
 (:class:`harness.training.callbacks.RolloutPlotLog`) and saved as ``render/rollout.png`` by
 ``python -m harness render`` (:func:`draw_plots`).
 """
@@ -131,12 +131,15 @@ def draw_plots(
     dt: float,
     path: Path,
     names: dict[str, list[str]] | None = None,
+    *,
+    labels: tuple[str, str] | list[str] = ("before training", "after training"),
 ) -> list[str]:
     """One panel per observable component: before (dashed) and after training (solid) against time.
 
     Args:
         before, after: By series name, ``(steps, worlds, dim)`` (:func:`per_step_series`).
         names: Optional names of an observable's components (the env's ``component_names``).
+        labels: What the legend calls the two runs.
 
     Returns:
         The panel titles, in order (none, and no file, without per-step series).
@@ -144,6 +147,6 @@ def draw_plots(
     figure = SeriesFigure(after, dt, names)
     if figure.figure is None:
         return []
-    figure.draw(before, after, ("before training", "after training"))
+    figure.draw(before, after, (labels[0], labels[1]))
     figure.figure.savefig(path)
     return figure.titles

@@ -10,9 +10,12 @@ text, sorted by final loss. ``seed`` is treated as replicates: when it is swept,
 table (also ``report_by_value.csv``) gives, per value of the other swept keys, the number
 of seeds and the mean and standard deviation of the final loss, the mean clipped fraction
 and the mean of the jobs' median pre-clip gradient norm. The PNG shows the loss curves
-(one colour per value of the first swept key, one line style per seed or per value of the
-other keys, each in the legend) and, against the first swept key, the final loss (every
-seed and the mean with its spread), the clipped fraction and the median pre-clip norm.
+against the iteration counted from 1 as TensorBoard's step (one colour per value of the
+first swept key, one line style per seed or per value of the other keys, each in the legend
+beside the axes) and, against the first swept key, the final loss, the clipped fraction and
+the median pre-clip norm: every job a grey dot, the mean over seeds with a bar from the
+smallest to the largest seed (which, unlike mean +- std, stays within a log axis and 0-100 %),
+one legend below the three panels (:func:`report_figure`).
 
 A job stopped by SIGINT/SIGTERM (a scheduler's pre-emption) is ``interrupted``, with the
 iterations it completed. A finished job is marked ``diverged`` when its final loss is not
@@ -283,15 +286,43 @@ def _as_float(text: str | None) -> float | None:
 
 
 def _plot(rows: list[JobRow], swept: list[str], keys: list[str], groups: list[GroupRow], path: Path) -> None:
-    import matplotlib
+    fig = report_figure(rows, swept, keys, groups)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=100)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _spans_decades(values: list[float]) -> bool:
+    """Whether ``values`` (the finite ones) are all positive and span a factor of 10 or more:
+    worth a log axis."""
+    finite = [v for v in values if math.isfinite(v)]
+    return bool(finite) and min(finite) > 0 and max(finite) >= 10 * min(finite)
+
+
+def _spread(values: list[float], mean: float) -> tuple[float, float]:
+    """How far the smallest and the largest of ``values`` lie below and above ``mean``."""
+    if not values or not math.isfinite(mean):
+        return 0.0, 0.0
+    return max(mean - min(values), 0.0), max(max(values) - mean, 0.0)
+
+
+def report_figure(rows: list[JobRow], swept: list[str], keys: list[str], groups: list[GroupRow]) -> Any:
+    """The report's figure (a matplotlib ``Figure`` on its own Agg canvas; see the module docstring).
+
+    The loss curves fill the top row, their legend outside the axes on the right; the three
+    panels against the first swept key share one legend below them. Each setting's mark is
+    the mean over its seeds and its bar runs from the smallest to the largest seed's value:
+    a range stays on a log axis and within 0-100 % where mean +- std would not.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FixedLocator, MaxNLocator, PercentFormatter
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    curves, finals, clipped, norms = axes.flat
+    fig = Figure(figsize=(15, 10), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(2, 3, height_ratios=(1.15, 1.0))
+    curves = fig.add_subplot(grid[0, :])
+    finals, clipped, norms = (fig.add_subplot(grid[1, i]) for i in range(3))
     # Colour: the first non-seed swept key; line style: the seed (or the other keys' values).
     key = keys[0] if keys else (swept[0] if swept else None)
     firsts = sorted({row.overrides.get(key, "") for row in rows}, key=_value_order)
@@ -300,7 +331,9 @@ def _plot(rows: list[JobRow], swept: list[str], keys: list[str], groups: list[Gr
         {tuple(row.overrides.get(k, "") for k in style_keys) for row in rows},
         key=lambda values: [_value_order(v) for v in values],
     )
-    palette = plt.get_cmap("viridis" if len(firsts) > 10 else "tab10")
+    from matplotlib import colormaps
+
+    palette = colormaps["viridis" if len(firsts) > 10 else "tab10"]
 
     def colour(value: str) -> Any:
         i = firsts.index(value)
@@ -319,15 +352,19 @@ def _plot(rows: list[JobRow], swept: list[str], keys: list[str], groups: list[Gr
                    label=", ".join(f"{k}={v}" for k, v in zip(style_keys, values, strict=True)))
             for i, values in enumerate(styles_of)
         ]  # fmt: skip
-    curves.set_xlabel("iteration")
-    curves.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # TensorBoard's step: iteration n is what the n-th iteration computed, counted from 1.
+    curves.set_xlabel("iteration (TensorBoard step, from 1)")
+    last = max((max(row.curve[0]) for row in rows if row.curve[0]), default=1)
+    ticks = [t for t in MaxNLocator(integer=True, steps=[1, 2, 5, 10]).tick_values(1, last) if 1 < t <= last]
+    curves.xaxis.set_major_locator(FixedLocator([1, *ticks]))  # the first iteration is 1, not 0
     curves.set_ylabel(tags.LOSS_TOTAL)
     curves.set_title("loss curves")
-    losses = [v for row in rows for v in row.curve[1]]
-    if losses and min(losses) > 0:
+    curves.grid(alpha=0.3)
+    if _spans_decades([v for row in rows for v in row.curve[1]]):
         curves.set_yscale("log")
-    if handles:
-        curves.legend(handles=handles, fontsize=7, ncol=2 if len(handles) > 8 else 1)
+    if handles:  # outside the axes, on the right: it covers no curve
+        curves.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                      ncol=1 + len(handles) // 16, borderaxespad=0.0)  # fmt: skip
 
     xs = {g.values: _as_float(g.values[0]) if g.values else None for g in groups}
     numeric = [g for g in groups if xs[g.values] is not None and math.isfinite(xs[g.values])]
@@ -337,38 +374,55 @@ def _plot(rows: list[JobRow], swept: list[str], keys: list[str], groups: list[Gr
         (clipped, "clipped_fraction", "clipped fraction of steps"),
         (norms, "norm_pre_median", "median pre-clip gradient norm"),
     )
+    replicated = REPLICATE_KEY in swept
     for ax, field, label in panels:
+        ax.set_title(f"{label} vs {key}")
         if not numeric:
             ax.text(0.5, 0.5, f"no numeric value of {key} to plot against", ha="center", va="center")
-            ax.set_title(f"{label} vs {key}")
             continue
         for g in numeric:
-            jobs = [getattr(r, field) for r in g.done]
-            ax.scatter([xs[g.values]] * len(jobs), jobs, s=12, color="0.6", zorder=2)
+            jobs = g.finite(field)
+            ax.scatter([xs[g.values]] * len(jobs), jobs, s=14, color="0.6", zorder=2, label="each job")
         # One line per combination of the other swept keys: only equal settings are joined.
-        for i, rest in enumerate(sorted({g.values[1:] for g in numeric}, key=lambda v: [_value_order(x) for x in v])):
+        rests = sorted({g.values[1:] for g in groups}, key=lambda v: [_value_order(x) for x in v])
+        for i, rest in enumerate(rests):
             line = [g for g in numeric if g.values[1:] == rest]
-            spread = [0.0 if math.isnan(std) else std for std in (g.std(field) for g in line)]
-            what = "mean +- std over seeds" if REPLICATE_KEY in swept else "value"
+            if not line:
+                continue
+            means = [g.mean(field) for g in line]
+            spread = np.array([_spread(g.finite(field), m) for g, m in zip(line, means, strict=True)]).T
+            what = f"mean over {REPLICATE_KEY}s, bar: smallest to largest" if replicated else "value"
             where = ", ".join(f"{k}={v}" for k, v in zip(keys[1:], rest, strict=True))
-            ax.errorbar([xs[g.values] for g in line], [g.mean(field) for g in line], yerr=spread, color=f"C{i}",
+            ax.errorbar([xs[g.values] for g in line], means, yerr=spread if replicated else None, color=f"C{i}",
                         marker="o", capsize=3, zorder=3, label=f"{what}, {where}" if where else what)  # fmt: skip
-        ax.scatter([], [], s=12, color="0.6", label="each job")
         gx = [xs[g.values] for g in numeric]
         for g in unbounded:  # e.g. max_norm=inf: no position on the axis, a level to compare with
-            ax.axhline(g.mean(field), linestyle="--", color="gray", linewidth=1, label=f"{key}={g.values[0]}")
+            level = g.mean(field)
+            where = ", ".join(f"{k}={v}" for k, v in zip(keys[1:], g.values[1:], strict=True))
+            shade = f"C{rests.index(g.values[1:])}" if len(rests) > 1 else "gray"  # its line's colour
+            if math.isfinite(level):
+                name = f"{key}={g.values[0]} (mean)" + (f", {where}" if where else "")
+                ax.axhline(level, linestyle="--", color=shade, linewidth=1, label=name)
         if min(gx) > 0 and max(gx) / min(gx) >= 100:
             ax.set_xscale("log")
+        finite = [v for g in groups for v in g.finite(field)]
         if field == "norm_pre_median" and key is not None and "max_norm" in key:
             ax.plot(gx, gx, color="tab:red", linestyle=":", label=f"{key} (clipping above)")
-        finite = [v for g in groups for v in g.finite(field)]
-        if field != "clipped_fraction" and finite and min(finite) > 0:
+            finite += gx
+        if field == "clipped_fraction":
+            ax.set_ylim(-0.05, 1.05)
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        elif _spans_decades(finite):
             ax.set_yscale("log")
         ax.set_xlabel(key)
         ax.set_ylabel(label)
-        ax.set_title(f"{label} vs {key}")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, dpi=100)
-    plt.close(fig)
+        ax.grid(alpha=0.3)
+    # One legend for the three panels, below them: the same marks mean the same in each.
+    shared: dict[str, Any] = {}
+    for ax, _, _ in panels:
+        for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
+            shared.setdefault(text, handle)
+    if shared:
+        fig.legend(list(shared.values()), list(shared), loc="outside lower center", ncol=min(len(shared), 4),
+                   fontsize=9)  # fmt: skip
+    return fig

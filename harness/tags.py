@@ -22,6 +22,7 @@ __all__ = [
     "ADJOINT_NORM_MAX",
     "ADJOINT_PROFILE",
     "LOSS_BEST",
+    "LOSS_FINAL",
     "LOSS_TOTAL",
     "PERF_ENV_STEPS_PER_S",
     "PERF_ITER_MS",
@@ -40,6 +41,10 @@ LOSS_TOTAL = "loss/total"
 """The loss of the iteration (what backward started from)."""
 LOSS_BEST = "loss/best"
 """The lowest ``loss/total`` so far."""
+LOSS_FINAL = "loss/final"
+"""The final loss: the loss of the parameters a finished run ends with (after its last update),
+from one more rollout; one point, at the last iteration's step. The same number as
+``summary.json``'s ``final_loss``, the done line and the sweep report."""
 
 
 def loss_term(name: str) -> str:
@@ -93,13 +98,14 @@ def grad_hist(param: str, group: str | None = None) -> str:
     return optim("grad_hist", group, param)
 
 
-# -- perf/, rollout/, through_time/ ---------------------------------------------------------
+# -- perf/, through_time/ ---------------------------------------------------------
 
 PERF_ITER_MS = "perf/iter_ms"
 PERF_ENV_STEPS_PER_S = "perf/env_steps_per_s"
 """Simulation steps x worlds per second."""
-ROLLOUT_PLOT = "rollout/plot"
-"""The image of every per-step observable against time."""
+ROLLOUT_PLOT = "loss/rollout"
+"""The image of every per-step observable against time: in the ``loss/`` group, which
+TensorBoard opens first, beside the curves of the loss those observables make up."""
 ADJOINT_CLIPPED = "through_time/clipped"
 """1 when the in-backward clip rescaled any step's state adjoint."""
 ADJOINT_NORM_MAX = "through_time/norm_max"

@@ -2,10 +2,13 @@
 and saved as recordings Newton's own viewers replay.
 
 - :func:`sample_frames`: one rollout (no tape), the positions of the states asked for;
+- :func:`real_time_frames`, :func:`playback_speed`: how many states to draw for a playback
+  speed (real time by default), and the speed a choice of states makes;
 - :class:`Scene` and :func:`draw_video`: shapes as the outline of their projected corners,
-  particles as dots, springs as lines, on the vertical plane that shows the most motion,
-  encoded as H.264 with imageio's bundled ffmpeg (no display, OpenGL context or system
-  package needed);
+  particles as dots, springs as lines, on the vertical plane that shows the most motion, one
+  panel and colour per run (static shapes grey), the simulated time and the playback speed
+  on every frame, encoded as H.264 with imageio's bundled ffmpeg (no display, OpenGL context
+  or system package needed);
 - :func:`write_recording`: the same frames as a recording of Newton's ``ViewerFile`` (JSON:
   it needs no further package), which Newton's viewers (``ViewerGL`` included) replay.
 
@@ -16,6 +19,7 @@ drawn; ``python -m harness render`` (:mod:`harness.commands.render`) puts it tog
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,17 @@ import numpy as np
 
 from harness.events import figure_rgb
 
-__all__ = ["Frames", "Scene", "draw_video", "sample_frames", "sample_steps", "write_recording"]
+__all__ = [
+    "Frames",
+    "Scene",
+    "draw_video",
+    "playback_speed",
+    "real_time_frames",
+    "sample_frames",
+    "sample_steps",
+    "speed_text",
+    "write_recording",
+]
 
 
 @dataclasses.dataclass
@@ -203,52 +217,140 @@ class Scene:
 
 AXIS_NAMES = "xyz"
 
+RUN_COLOURS = ("tab:orange", "tab:blue")
+"""Fill colours of the runs drawn, in order (before training, after training)."""
 
-def draw_video(scene: Scene, runs: list[Frames], titles: list[str], dt: float, path: Path, *, fps: int) -> int:
-    """Encode the frames of ``runs`` side by side into ``path`` (H.264); returns the frame count."""
+MAX_FRAMES = 600
+"""Most frames :func:`real_time_frames` asks for (20 s of video at 30 fps): a longer horizon
+plays faster than real time, and the frame says how fast."""
+
+
+def real_time_frames(horizon: int, dt: float, fps: float, speed: float = 1.0, *, cap: int | None = MAX_FRAMES) -> int:
+    """How many states to draw so that a video at ``fps`` plays ``horizon`` steps of ``dt`` at
+    ``speed`` times real time (1: one simulated second per second of video): one frame per
+    ``speed / fps`` simulated seconds, the start and the end included; at most the ``horizon + 1``
+    states there are, and at most ``cap``."""
+    frames = round(horizon * dt * fps / speed) + 1
+    return max(2, min(frames, horizon + 1, cap or frames))
+
+
+def playback_speed(steps: list[int], dt: float, fps: float) -> float:
+    """Simulated seconds per second of video when the states after ``steps`` play at ``fps``."""
+    return (steps[-1] - steps[0]) * dt * fps / max(len(steps) - 1, 1)
+
+
+def speed_text(speed: float) -> str:
+    """``1x real time``, ``0.25x real time (slow motion)``, ``2x real time (fast)``."""
+    text = f"{speed:.2g}x real time"
+    if speed < 0.995:
+        text += " (slow motion)"
+    elif speed > 1.005:
+        text += " (fast)"
+    return text
+
+
+# Panel margins [inches]: y label and ticks, right edge, x label and ticks, panel title;
+# the header line (time and playback speed) above the panels.
+_LEFT, _RIGHT, _BOTTOM, _TOP, _HEADER = 0.75, 0.2, 0.55, 0.35, 0.45
+_WIDTH, _MAX_HEIGHT, _MIN_PANEL = 12.8, 7.2, 1.2  # 1280 px wide, at most 720 px tall, at 100 dpi
+
+
+def _layout(xlim: tuple[float, float], ylim: tuple[float, float], panels: int) -> tuple[int, int, float]:
+    """Panels side by side or stacked, whichever draws the scene larger in a frame 1280 px
+    wide and at most 720 px tall; returns (rows, columns, inches per metre)."""
+    dx, dy = max(xlim[1] - xlim[0], 1e-9), max(ylim[1] - ylim[0], 1e-9)
+    best = (1, panels, 0.0)
+    for rows, cols in ((1, panels), (panels, 1)):
+        width = _WIDTH / cols - _LEFT - _RIGHT
+        height = (_MAX_HEIGHT - _HEADER) / rows - _BOTTOM - _TOP
+        scale = min(width / dx, height / dy)
+        if scale > best[2] * 1.01:
+            best = (rows, cols, scale)
+    return best
+
+
+def draw_video(
+    scene: Scene,
+    runs: list[Frames],
+    titles: list[str],
+    dt: float,
+    path: Path,
+    *,
+    fps: float,
+    colours: tuple[str, ...] = RUN_COLOURS,
+) -> tuple[int, str]:
+    """Encode the frames of ``runs`` into ``path`` (H.264), one panel per run, side by side or
+    stacked (whichever draws the scene larger), each in its colour under its title; every frame
+    says the simulated time and the playback speed. Returns the frame count and the layout
+    (``side by side`` or ``stacked``)."""
     import imageio.v2 as imageio
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import to_rgb
+    from matplotlib.figure import Figure
     from matplotlib.patches import Polygon
 
     xlim, ylim = scene.fit(runs)
-    aspect = (ylim[1] - ylim[0]) / max(xlim[1] - xlim[0], 1e-9)
-    width = 6.4 * len(runs)  # inches at 100 dpi: 640 px per panel
-    height = round((float(np.clip(6.4 * aspect, 2.4, 7.2)) + 0.8) * 100 / 16) * 16 / 100  # H.264 wants 16 px blocks
-    fig, axes = plt.subplots(1, len(runs), figsize=(width, height), dpi=100, squeeze=False)
-    count = len(runs[0].steps)
+    rows, cols, scale = _layout(xlim, ylim, len(runs))
+    # Fill the panel's width (more of the scene around it), its height as the scene needs.
+    box_w = _WIDTH / cols - _LEFT - _RIGHT
+    box_h = max((ylim[1] - ylim[0]) * scale, _MIN_PANEL)
+    mid_x, mid_y = sum(xlim) / 2, sum(ylim) / 2
+    xlim = (mid_x - box_w / scale / 2, mid_x + box_w / scale / 2)
+    ylim = (mid_y - box_h / scale / 2, mid_y + box_h / scale / 2)
+    cell_h = box_h + _BOTTOM + _TOP
+    height = math.ceil(round((_HEADER + rows * cell_h) * 100 / 16, 6)) * 16 / 100  # H.264 wants 16 px blocks
+    fig = Figure(figsize=(_WIDTH, height), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = []
+    for i in range(len(runs)):
+        row, col = (i, 0) if rows > 1 else (0, i)
+        left = col * _WIDTH / cols + _LEFT
+        bottom = height - _HEADER - (row + 1) * cell_h + _BOTTOM
+        axes.append(fig.add_axes((left / _WIDTH, bottom / height, box_w / _WIDTH, box_h / height)))
+    clock = fig.text(_LEFT / _WIDTH, 1 - 0.3 / height, "", fontsize=13, weight="bold", va="baseline")
+    rate = fig.text(1 - _RIGHT / _WIDTH, 1 - 0.3 / height, "", fontsize=11, ha="right", va="baseline")
+    steps = runs[0].steps
+    horizon_s = steps[-1] * dt
+    speed = playback_speed(steps, dt, fps)
+    rate.set_text(f"playback: {speed_text(speed)}, {fps:g} fps")
+    count = len(steps)
     with imageio.get_writer(path, fps=fps, codec="libx264", quality=8, macro_block_size=16) as writer:
         for k in range(count):
-            for ax, frames, title in zip(axes[0], runs, titles, strict=True):
+            clock.set_text(f"t = {steps[k] * dt:.3f} s of {horizon_s:.3f} s   (step {steps[k]} of {steps[-1]})")
+            for ax, frames, title, colour in zip(axes, runs, titles, colours, strict=False):
+                dark = tuple(0.7 * c for c in to_rgb(colour))
                 ax.clear()
                 ax.set_xlim(*xlim)
                 ax.set_ylim(*ylim)
-                ax.set_aspect("equal", adjustable="box")
                 ax.set_xlabel(f"{AXIS_NAMES[scene.across]} [m]")
                 ax.set_ylabel(f"{AXIS_NAMES[scene.up]} [m] (up)")
-                ax.set_title(f"{title}   t = {frames.steps[k] * dt:.3f} s (step {frames.steps[k]})")
+                ax.set_title(title, color=dark, weight="bold", fontsize=11)
+                for spine in ax.spines.values():
+                    spine.set_color(colour)
+                    spine.set_linewidth(2.0)
                 if scene.ground:
                     ax.axhline(0.0, color="0.4", linewidth=1.0)
                 if scene.targets is not None:
                     ax.scatter(scene.targets[:, scene.across], scene.targets[:, scene.up], marker="x", s=60,
                                color="tab:green", zorder=4, label="target")  # fmt: skip
                 clouds, particles = scene.world_points(frames, k)
-                for cloud in clouds:
+                bodies = [b for b, _ in scene.shapes if b < 0 or frames.body_q is not None]  # as world_points
+                for body, cloud in zip(bodies, clouds, strict=True):
                     outline = _hull(cloud[:, [scene.across, scene.up]])
-                    if len(outline) >= 3:
-                        ax.add_patch(Polygon(outline, closed=True, facecolor="tab:blue", edgecolor="navy", alpha=0.5))
+                    if len(outline) < 3:
+                        continue
+                    if body < 0:  # static: the same in every run
+                        ax.add_patch(Polygon(outline, closed=True, facecolor="0.85", edgecolor="0.5"))
+                    else:
+                        ax.add_patch(Polygon(outline, closed=True, facecolor=colour, edgecolor=dark, alpha=0.8))
                 if particles is not None:
                     px, py = particles[:, scene.across], particles[:, scene.up]
                     if scene.springs is not None:
                         for i, j in scene.springs:
-                            ax.plot([px[i], px[j]], [py[i], py[j]], color="0.5", linewidth=0.8)
-                    ax.scatter(px, py, s=max(2.0, 60.0 / np.sqrt(len(px))), color="tab:red", zorder=3)
-            fig.tight_layout()
+                            ax.plot([px[i], px[j]], [py[i], py[j]], color="0.6", linewidth=0.8)
+                    ax.scatter(px, py, s=max(2.0, 60.0 / np.sqrt(len(px))), color=colour, zorder=3)
             writer.append_data(figure_rgb(fig))
-    plt.close(fig)
-    return count
+    return count, "stacked" if rows > 1 else "side by side"
 
 
 def write_recording(model: Any, frames: Frames, dt: float, path: Path) -> None:

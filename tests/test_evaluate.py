@@ -68,6 +68,18 @@ def test_an_earlier_checkpoint_can_be_named(policy_run):
     assert json.loads((policy_run / "first.json").read_text())["checkpoint"] == str(saved[0])
 
 
+def test_a_rollout_that_blows_up_exits_1_and_keeps_the_earlier_result(policy_run):
+    earlier = policy_run / "kept.json"
+    earlier.write_text('{"loss": 0.5}')
+    proc = evaluate(policy_run, "policy", "env.dt=0.5", "out=kept.json")  # a step far too long: nan
+    assert proc.returncode == 1, proc.stderr
+    assert earlier.read_text() == '{"loss": 0.5}'
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: evaluate: the loss is nan"), proc.stderr
+    assert "kept.json was not written" in lines[0] and "Traceback" not in proc.stderr
+    assert "written:" not in proc.stdout and "loss" in proc.stdout  # the table still shows what happened
+
+
 @pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_open_loop_overrides_that_change_shapes_are_refused_and_others_accepted(tmp_path):
     train(tmp_path, "open", "+env=cartpole", "env.horizon=8", "env.world_count=2")

@@ -15,6 +15,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
@@ -75,7 +76,7 @@ def test_joblib_multirun_names_job_folders_by_the_swept_value(joblib_sweep):
 
 def test_parallel_jobs_label_every_line_they_print(joblib_sweep):
     """Two joblib workers print side by side: each line says which job it is from."""
-    _, proc = joblib_sweep
+    sweep, proc = joblib_sweep
     ours = [line for line in proc.stdout.splitlines() if not line.startswith("[20")]  # Hydra's log lines
     ours = [line for line in ours if "run folder:" in line or "done:" in line or "it/s" in line]
     assert ours  # the workers' output reached the terminal
@@ -83,6 +84,10 @@ def test_parallel_jobs_label_every_line_they_print(joblib_sweep):
     assert all(line.split("] ", 1)[0] + "]" in labels for line in ours), ours
     for label in labels:
         assert sum(line.startswith(label + " done:") for line in ours) == 1
+        # The done line's final loss is the one in the job's summary.json.
+        (done,) = [line for line in ours if line.startswith(label + " done:")]
+        summary = json.loads((sweep / label[len("[job 0: ") : -1] / "summary.json").read_text())
+        assert f"final loss {summary['final_loss']:.6g}" in done
         assert any(line.startswith(label + " [") and "it/s" in line for line in ours)  # its progress lines
 
 
@@ -93,16 +98,20 @@ def test_every_job_carries_its_hparams_and_metrics(joblib_sweep):
         hparams, metrics = hparams_of(run)
         assert hparams["clip.max_norm"] == value
         assert hparams["clip"] == "global_norm" and hparams["optim"] == "adam" and hparams["env"] == "cartpole"
-        assert hparams["env.horizon"] == 10 and hparams["seed"] == 0 and hparams["optim.lr"] == 0.5
+        # The seed names a replicate: shown as written (a number would read 0.0000 there).
+        assert hparams["env.horizon"] == 10 and hparams["seed"] == "0" and hparams["optim.lr"] == 0.5
         summary = json.loads((run / "summary.json").read_text())
-        assert set(metrics) == {"loss/total", "loss/best", "optim/clipped_fraction", "optim/grad_norm_pre"}
-        assert metrics["loss/best"][0] == "best loss"
-        # Every metric is the end of a curve the run has anyway, at the last iteration's step.
+        assert set(metrics) == {"loss/final", "loss/best", "optim/clipped_fraction", "optim/grad_norm_pre"}
+        assert metrics["loss/best"][0] == "best loss" and metrics["loss/final"][0] == "final loss"
+        # Every metric sits at the last iteration's step; the final loss is summary.json's,
+        # the loss of the trained parameters (float32 in the event file).
         assert {event.step for _, event in metrics.values()} == {summary["iterations"]}
+        assert metrics["loss/final"][1].value == pytest.approx(summary["final_loss"], rel=1e-6)
+        assert len(curve(run, "loss/final")) == 1
         assert metrics["loss/best"][1].value == pytest.approx(min(curve(run, "loss/total")))
         assert metrics["optim/clipped_fraction"][1].value == pytest.approx(summary["clipped_steps"] / 4)
         assert summary["best_loss"] <= metrics["loss/best"][1].value
-        assert not [tag for tag in scalar_tags(run) if tag.startswith("hparams/")]  # no single-point scalars
+        assert not [tag for tag in scalar_tags(run) if tag.startswith("hparams/")]
 
 
 def curve(run: Path, tag: str) -> list[float]:
@@ -133,6 +142,67 @@ def test_report_writes_a_sorted_table_csv_and_png(joblib_sweep, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
     assert width > 600 and height > 300
+    # The curves count iterations from 1, as TensorBoard's step does (4 iterations, logged every 2).
+    from harness.report import collect
+
+    jobs, _ = collect(sweep)
+    assert [job.curve[0] for job in jobs] == [[1, 2, 3, 4]] * 2
+
+
+def synthetic_sweep() -> tuple:
+    """Three thresholds, three seeds each, spreads wide enough that mean - std < 0."""
+    from harness.report import JobRow, aggregate
+
+    finals = {"0.01": [0.01, 1.0, 100.0], "1": [5.0, 6.0, 7.0], "inf": [3.0, 30.0, 300.0]}
+    clipped = {"0.01": [1.0, 1.0, 0.7], "1": [0.0, 0.05, 0.9], "inf": [0.0, 0.0, 0.0]}
+    rows = []
+    for value, losses in finals.items():
+        for seed, loss in enumerate(losses):
+            rows.append(
+                JobRow(
+                    folder=Path(f"clip.max_norm={value},seed={seed}"),
+                    overrides={"clip.max_norm": value, "seed": str(seed)},
+                    status="finished",
+                    final_loss=loss,
+                    best_loss=loss,
+                    clipped_fraction=clipped[value][seed],
+                    nonfinite_steps=0.0,
+                    wall_time_s=1.0,
+                    curve=(list(range(1, 31)), list(np.geomspace(10 * loss, loss, 30))),
+                    norm_pre_median=loss / 10,
+                )
+            )
+    swept = ["clip.max_norm", "seed"]
+    keys, groups = aggregate(rows, swept)
+    return rows, swept, keys, groups
+
+
+def test_report_figure_legends_cover_no_data_and_bars_stay_on_the_axes():
+    from harness.report import report_figure
+
+    fig = report_figure(*synthetic_sweep())
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    curves, finals, clipped, norms = fig.axes
+    legends = [curves.get_legend(), *fig.legends]
+    assert all(legend is not None for legend in legends) and len(fig.legends) == 1
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            assert not box.overlaps(ax.get_window_extent(renderer)), (legend, ax.get_title())
+    # The loss curves start at iteration 1, and 1 is a tick.
+    assert curves.get_xticks()[0] == 1
+    # Every error bar lies within its axes' limits, on log axes too (0.01, 1 and 100: the
+    # mean minus one standard deviation is negative); the clipped fraction within 0-100 %.
+    assert finals.get_yscale() == "log" and norms.get_yscale() == "log"
+    for ax in (finals, clipped, norms):
+        low, high = ax.get_ylim()
+        bars = [c for c in ax.collections if type(c).__name__ == "LineCollection"]
+        assert bars, ax.get_title()
+        ends = np.concatenate([np.asarray(seg)[:, 1] for bar in bars for seg in bar.get_segments()])
+        assert ends.min() >= low and ends.max() <= high, ax.get_title()
+        if ax is clipped:
+            assert ends.min() >= 0.0 and ends.max() <= 1.0
 
 
 def start_long_job(sweep: Path, threshold: str, cwd: Path) -> tuple[subprocess.Popen, Path]:
@@ -247,13 +317,13 @@ def test_tensorboard_server_serves_the_sweep_runs_scalars_and_hparams(joblib_swe
                 time.sleep(0.5)
         assert [step for _, step, _ in points] == [1, 2, 3, 4]  # iterations counted from 1
         # TensorBoard's HParams plugin: the swept value is marked as differing (listed
-        # first), the metrics are the four curves, read at the last iteration.
+        # first), the metrics are the final loss and three curves, read at the last iteration.
         experiment = post_json(f"{base}/data/plugin/hparams/experiment", {"experimentName": ""})
         infos = experiment["hparamInfos"]
         assert infos[0]["name"] == "clip.max_norm" and infos[0]["differs"]
         assert not any(info["differs"] for info in infos[1:])
         tags = [m["name"]["tag"] for m in experiment["metricInfos"]]
-        assert tags == ["loss/total", "loss/best", "optim/clipped_fraction", "optim/grad_norm_pre"]
+        assert tags == ["loss/final", "loss/best", "optim/clipped_fraction", "optim/grad_norm_pre"]
         groups = post_json(
             f"{base}/data/plugin/hparams/session_groups",
             {
@@ -270,6 +340,7 @@ def test_tensorboard_server_serves_the_sweep_runs_scalars_and_hparams(joblib_swe
             values = {m["name"]["tag"]: m for m in group["metricValues"]}
             assert {m["trainingStep"] for m in values.values()} == {4}
             assert values["loss/best"]["value"] == pytest.approx(min(curve(sweep / group["name"], "loss/total")))
+            assert values["loss/final"]["value"] == pytest.approx(summary["final_loss"], rel=1e-6)
             assert values["optim/clipped_fraction"]["value"] == pytest.approx(summary["clipped_steps"] / 4)
     finally:
         server.terminate()

@@ -73,6 +73,12 @@ def test_sysid_recovers_masses_perturbed_by_30_percent_within_2_percent(tmp_path
     assert fitted.shape == ((2,) if shared == "true" else (2, 2))  # per world: the recording's 2, not the env's 4
     error = np.abs(fitted / np.array(masses) - 1.0)
     assert error.max() < 0.02, fitted
+    # The end of the run shows the fit: start values, fitted values, and the recording's truth.
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("pole_masses: ")]
+    truth = "[0.175, 0.325]" if shared == "true" else "[0.175, 0.325, 0.175, 0.325]"
+    start = "[0.25, 0.25]" if shared == "true" else "[0.25, 0.25, 0.25, 0.25]"
+    shown = "[" + ", ".join(f"{v:.5g}" for v in fitted.ravel()) + "]"
+    assert line == f"pole_masses: start {start} -> fitted {shown} (truth {truth})"
     acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0})
     acc.Reload()
     tag = "sysid/pole_masses/0" if shared == "true" else "sysid/pole_masses/0.0"
@@ -156,6 +162,17 @@ def test_sysid_without_a_reference_and_reference_terms_without_sysid_are_refused
         "train", "+env=cartpole", "iterations=1", "+loss.terms.pose.kind=reference", cwd=tmp_path, timeout=120
     )
     assert proc.returncode == 2 and "loss.terms.pose.kind: reference" in proc.stderr and "task=sysid" in proc.stderr
+
+
+def test_record_without_out_writes_under_outputs_never_into_the_working_folder(tmp_path):
+    args = ("record", "+env=cartpole", "env.horizon=4", "env.world_count=1")
+    first, second = (run_harness(*args, cwd=tmp_path, timeout=300) for _ in range(2))
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
+    written = sorted((tmp_path / "outputs" / "cartpole" / "recordings").iterdir())
+    assert len(written) == 2 and all(p.suffix == ".npz" for p in written)  # the second did not replace the first
+    assert "(4 steps x 1 world: " in first.stdout  # one world, said in the singular
+    assert f"trajectory: {written[0].relative_to(tmp_path)} " in first.stdout + second.stdout
 
 
 def test_record_refuses_bad_options_and_keeps_an_existing_file(tmp_path):

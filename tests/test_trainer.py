@@ -141,7 +141,7 @@ def test_short_training_run_lowers_the_loss_and_logs_every_tag(tmp_path):
     # by name and opens the first two: the loss first, then the gradient and clip curves.
     groups = sorted({tag.split("/", 1)[0] for kind in ("scalars", "histograms", "images") for tag in tags[kind]})
     assert groups[:2] == ["loss", "optim"], groups
-    assert "rollout/plot" not in tags["images"]  # plot_every=None: no rollout images
+    assert "loss/rollout" not in tags["images"]  # plot_every=None: no rollout images
 
 
 def test_rollout_plot_is_a_tensorboard_image_at_the_first_log_step_every_n_iterations_and_the_end(tmp_path):
@@ -149,7 +149,7 @@ def test_rollout_plot_is_a_tensorboard_image_at_the_first_log_step_every_n_itera
     trainer.fit(tmp_path)
     acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
     acc.Reload()
-    images = acc.Images("rollout/plot")
+    images = acc.Images("loss/rollout")
     assert [e.step for e in images] == [2, 4, 8, 11]
     for event in images:
         pixels = np.asarray(Image.open(io.BytesIO(event.encoded_image_string)))

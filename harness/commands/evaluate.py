@@ -8,12 +8,15 @@ used it), and writes ``eval.json``: the loss with its terms and the env's figure
 (``upright_fraction`` for the cartpole). The env is built as configured, whole horizon: a
 policy trained in windows is evaluated over full episodes, from the env's own initial states
 (``env.seed``). Overrides that would change a parameter's shape (an open-loop task's horizon
-or world count) are refused in one line: a checkpoint's parameters keep their shapes.
+or world count) are refused in one line: a checkpoint's parameters keep their shapes. A loss
+that is not finite (the rollout blew up) exits 1 and writes nothing, so an earlier
+``eval.json`` stays.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,8 @@ def evaluate_run(
     device: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate a run folder's checkpoint; write and return the report (see the module docstring).
+    A loss that is not finite (the rollout blew up) is returned with ``written: None`` and
+    nothing is written: an earlier ``eval.json`` stays as it was.
 
     Raises:
         harness.runs.RunError: One line: not a run folder, no checkpoint, a config the overrides
@@ -69,6 +74,9 @@ def evaluate_run(
         "loss_terms": terms,
         "figures": {**env.describe(trajectory), **step.task.figures(env, loss, trajectory)},
     }
+    if not math.isfinite(total):  # a rollout that blew up: the previous result stays
+        report["written"] = None
+        return report
     try:
         write_json(target, report)
     except OSError as exc:
@@ -87,12 +95,18 @@ def format_table(report: dict[str, Any]) -> str:
     env = report["env"]
     head = (
         f"task {report['task']}, checkpoint of iteration {report['iteration']}: "
-        f"{env.get('world_count', '?')} worlds x {env.get('horizon', '?')} steps, seed {env.get('seed', '?')}"
+        f"{_count(env.get('world_count'), 'world')} x {_count(env.get('horizon'), 'step')}, seed {env.get('seed', '?')}"
     )
     width = max(len(name) for name, _ in rows)
     lines = [head, *(f"  {name:<{width}}  {value}" for name, value in rows)]
-    lines.append(f"written: {report['written']}")
+    if report["written"] is not None:
+        lines.append(f"written: {report['written']}")
     return "\n".join(lines)
+
+
+def _count(n: int | None, noun: str) -> str:
+    """``1 world``, ``4 worlds``; ``? worlds`` when unknown."""
+    return f"{'?' if n is None else n} {noun}{'' if n == 1 else 's'}"
 
 
 def _number(value: float) -> str:
@@ -121,3 +135,12 @@ def main(args: list[str]) -> None:
     except RunError as exc:
         fail(exc)
     print(format_table(report), flush=True)
+    if report["written"] is None:
+        target = options.get("out") or str(run_dir / "eval.json")
+        print(
+            f"error: evaluate: the loss is {report['loss']} (the rollout blew up); {target} was not written "
+            "(an earlier one is kept)",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(1)

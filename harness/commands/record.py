@@ -1,5 +1,6 @@
 """``python -m harness record +env=NAME [overrides] [out=PATH] [amplitude=N] [noise=STD]``: a
-trajectory file for ``task=sysid``.
+trajectory file for ``task=sysid``; without ``out=`` it goes to
+``outputs/<env>/recordings/<date>_<time>.npz``.
 
 The env, driven by a multisine from its own initial states, is simulated once and its
 observables written in the documented format (:mod:`harness.trajectory`), optionally with
@@ -117,6 +118,23 @@ def record_trajectory(
     }
 
 
+def default_out(overrides: list[str]) -> Path:
+    """Where a recording goes without ``out=``: ``outputs/<env>/recordings/<date>_<time>.npz``
+    (the folder made; a second recording in the same second gets ``_2``, ``_3``, ...), so
+    nothing lands in the working folder."""
+    import time
+
+    env = next(o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("env="))
+    folder = Path("outputs") / env / "recordings"
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    out, n = folder / f"{stamp}.npz", 1
+    while out.exists():
+        n += 1
+        out = folder / f"{stamp}_{n}.npz"
+    return out
+
+
 def main(args: list[str]) -> None:
     """``record +env=NAME [overrides] [out=PATH] [amplitude=N] [noise=STD]``: a trajectory file for ``task=sysid``."""
     from harness import init_warp
@@ -137,13 +155,15 @@ def main(args: list[str]) -> None:
     if not any(o.lstrip("+").startswith("env=") for o in overrides):
         fail("record: choose the env, e.g. python -m harness record +env=cartpole out=traj.npz")
     init_warp()
+    out = Path(options["out"]) if "out" in options else default_out(overrides)
     try:
-        written = record_trajectory(overrides, Path(options.get("out", "trajectory.npz")), **numbers)
+        written = record_trajectory(overrides, out, **numbers)
     except TrajectoryFileError as exc:
         fail(exc)
     quantities = ", ".join(f"{k}={np.round(np.asarray(v), 4).tolist()}" for k, v in written["quantities"].items())
     print(
-        f"trajectory: {written['path']} ({written['steps']} steps x {written['worlds']} worlds: "
+        f"trajectory: {written['path']} ({written['steps']} step{'s' * (written['steps'] != 1)} x "
+        f"{written['worlds']} world{'s' * (written['worlds'] != 1)}: "
         f"{', '.join(written['observables'])}; noise std {written['noise_std']:g}; {quantities or 'no quantities'})",
         flush=True,
     )

@@ -1,10 +1,16 @@
-"""``python -m harness render RUN_DIR [checkpoint=PATH] [frames=N] [fps=N]``: see the simulated
-system move, before and after training.
+"""``python -m harness render RUN_DIR [checkpoint=PATH] [fps=N] [speed=X | frames=N]``: see the
+simulated system move, before and after training.
 
 Rolls out a run's env twice, at the parameters training started from and at those of a
 checkpoint (the newest by default), and writes into ``RUN_DIR/render/``:
 
-- ``rollout.mp4``: both rollouts side by side (:mod:`harness.video`);
+- ``rollout.mp4``: both rollouts, side by side or stacked (whichever draws the scene
+  larger), before training in orange and after in blue, each under its label, every frame
+  with the simulated time and the playback speed (:mod:`harness.video`). It plays in real
+  time by default: one frame per ``1/fps`` simulated seconds (``fps=30``), at most
+  :data:`harness.video.MAX_FRAMES` frames (a longer rollout plays faster, and says so);
+  ``speed=0.25`` plays it at a quarter of real time, ``frames=N`` draws N states evenly
+  spread over the rollout (at whatever speed that makes);
 - ``rollout.png``: every per-step observable the loss reads (and the actions of an
   open-loop task) against time, before and after training (:mod:`harness.plots`);
 - ``before.json`` / ``after.json``: the same frames as recordings of Newton's ``ViewerFile``,
@@ -26,8 +32,22 @@ from harness.commands.common import fail, run_folder_argument
 __all__ = ["main", "render_run"]
 
 
-def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 120, fps: int = 30) -> dict[str, Any]:
+def render_run(
+    run_dir: Path,
+    *,
+    checkpoint: str | None = None,
+    frames: int | None = None,
+    fps: int = 30,
+    speed: float | None = None,
+) -> dict[str, Any]:
     """Render a run folder on the CPU (see the module docstring); returns what was written.
+
+    Args:
+        frames: States to draw, evenly spread over the rollout; by default as many as
+            ``speed`` needs.
+        fps: Frames per second of the video.
+        speed: Playback speed, simulated seconds per second of video (1: real time, the
+            default, up to :data:`harness.video.MAX_FRAMES` frames; given, not capped).
 
     Raises:
         harness.runs.RunError: One line: not a run folder, no checkpoint, an env that cannot be drawn.
@@ -38,7 +58,16 @@ def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 12
     from harness.env import Renderable
     from harness.plots import draw_plots, per_step_series
     from harness.runs import RunError, RunFolder, atomic_output
-    from harness.video import Scene, draw_video, sample_frames, sample_steps, write_recording
+    from harness.video import (
+        MAX_FRAMES,
+        Scene,
+        draw_video,
+        playback_speed,
+        real_time_frames,
+        sample_frames,
+        sample_steps,
+        write_recording,
+    )
 
     folder = RunFolder(run_dir, "render")
     trained = trained_run(folder, checkpoint_name=checkpoint, device="cpu", load=False)
@@ -46,6 +75,9 @@ def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 12
     if not isinstance(env, Renderable):
         raise RunError(f"render: env '{env.name}' does not play the role Renderable (no Newton model to draw)")
     params = step.params
+    dt = float(env.dt)
+    if frames is None:
+        frames = real_time_frames(env.horizon, dt, fps, speed or 1.0, cap=None if speed else MAX_FRAMES)
     steps = sample_steps(env.horizon, frames)
 
     def snapshot() -> tuple[Any, dict[str, np.ndarray]]:
@@ -59,19 +91,19 @@ def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 12
 
     out = Path(run_dir) / "render"
     out.mkdir(exist_ok=True)
-    dt = float(env.dt)
-    titles = ["before training", f"after {trained.checkpoint.iteration} iterations"]
+    done = trained.checkpoint.iteration
+    titles = ["before training (0 iterations)", f"after training ({done} iteration{'s' if done != 1 else ''})"]
     scene = Scene(env.model)
     targets = getattr(env, "targets", None)
     if isinstance(targets, wp.array) and targets.dtype == wp.vec3:
         scene.targets = targets.numpy().reshape(-1, 3)
     video = out / "rollout.mp4"
     with atomic_output(video) as tmp:
-        count = draw_video(scene, [before, after], titles, dt, tmp, fps=fps)
+        count, layout = draw_video(scene, [before, after], titles, dt, tmp, fps=fps)
     plot, panels = out / "rollout.png", []
     if after_values:  # envs whose losses read only the last step have nothing to plot against time
         with atomic_output(plot) as tmp:
-            panels = draw_plots(before_values, after_values, dt, tmp, env.component_names())
+            panels = draw_plots(before_values, after_values, dt, tmp, env.component_names(), labels=titles)
     recordings = []
     for name, shot in (("before.json", before), ("after.json", after)):
         with atomic_output(out / name) as tmp:
@@ -81,6 +113,10 @@ def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 12
         "checkpoint": str(trained.checkpoint.path),
         "video": str(video),
         "frames": count,
+        "fps": fps,
+        "speed": playback_speed(steps, dt, fps),
+        "seconds": steps[-1] * dt,
+        "layout": layout,
         "plot": str(plot) if panels else None,
         "panels": panels,
         "recordings": recordings,
@@ -88,30 +124,51 @@ def render_run(run_dir: Path, *, checkpoint: str | None = None, frames: int = 12
 
 
 def main(args: list[str]) -> None:
-    """``render RUN_DIR [checkpoint=PATH] [frames=N] [fps=N]``: video, plots and Newton recordings."""
+    """``render RUN_DIR [checkpoint=PATH] [fps=N] [speed=X | frames=N]``: video, plots and Newton recordings."""
     from harness import init_warp
     from harness.runs import RunError
+    from harness.video import MAX_FRAMES, RUN_COLOURS, speed_text
 
+    accepted = "checkpoint=PATH, fps=N, speed=X, frames=N"
     try:
-        run_dir, options, unknown = run_folder_argument(args, "render", ("checkpoint", "frames", "fps"))
+        run_dir, options, unknown = run_folder_argument(args, "render", ("checkpoint", "frames", "fps", "speed"))
     except ValueError as exc:
         fail(exc)
     if unknown:
-        fail(f"render: unknown option '{unknown[0].partition('=')[0]}'; accepted: checkpoint=PATH, frames=N, fps=N")
-    numbers = {}
-    for key, default, least in (("frames", 120, 2), ("fps", 30, 1)):
+        fail(f"render: unknown option '{unknown[0].partition('=')[0]}'; accepted: {accepted}")
+    if "frames" in options and "speed" in options:
+        fail("render: give speed=X (the playback speed) or frames=N (that many states, at whatever speed), not both")
+    numbers: dict[str, Any] = {}
+    for key, least in (("frames", 2), ("fps", 1)):
+        if key not in options:
+            continue
         try:
-            numbers[key] = int(options.get(key, default))
+            numbers[key] = int(options[key])
         except ValueError:
             numbers[key] = least - 1
         if numbers[key] < least:
             fail(f"render: {key} must be a whole number >= {least}, got {options[key]}")
+    if "speed" in options:
+        try:
+            numbers["speed"] = float(options["speed"])
+        except ValueError:
+            numbers["speed"] = 0.0
+        if not 0 < numbers["speed"] < float("inf"):
+            fail(f"render: speed must be a number > 0 (1: real time, 0.25: slow motion), got {options['speed']}")
     init_warp()
     try:
         written = render_run(run_dir, checkpoint=options.get("checkpoint"), **numbers)
     except RunError as exc:
         fail(exc)
-    print(f"video: {written['video']} ({written['frames']} frames, before | after, from {written['checkpoint']})")
+    where = "left of" if written["layout"] == "side by side" else "above"
+    print(
+        f"video: {written['video']}: {written['seconds']:.3g} s simulated, "
+        f"{written['frames']} frames at {written['fps']} fps, {speed_text(written['speed'])}"
+    )
+    before, after = (c.removeprefix("tab:") for c in RUN_COLOURS)
+    print(f"  before training ({before}) {where} after training ({after}), from {written['checkpoint']}")
+    if written["frames"] == MAX_FRAMES and written["speed"] > 1.005 and not {"frames", "speed"} & set(numbers):
+        print(f"  (faster than real time: at most {MAX_FRAMES} frames by default; speed=1 draws all real time needs)")
     if written["plot"]:
         print(f"plot: {written['plot']} ({', '.join(written['panels'])})")
     print(f"Newton ViewerFile recordings: {', '.join(written['recordings'])}")

@@ -9,6 +9,7 @@ Launcher worker processes (joblib, submitit) import :func:`train_command` by nam
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import shutil
@@ -98,17 +99,72 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> floa
     except Exception as exc:
         write_json(run_dir / "summary.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
         raise
-    reduction = summary["loss_reduction"]
     adjoint_logged = tags.ADJOINT_CLIPPED in trainer.step.columns  # the in-backward clip rescales
     print(
-        f"{say}done: loss {summary['initial_loss']:.6g} -> {summary['final_loss']:.6g}"
-        + (f" ({abs(100 * reduction):.1f}% {'lower' if reduction >= 0 else 'higher'})" if reduction is not None else "")
+        f"{say}done: {loss_change(summary['initial_loss'], summary['final_loss'])}"
         + f", {summary['clipped_steps']} clipped steps"
         + (f" (adjoint clipped in {summary['adjoint_clipped_steps']})" if adjoint_logged else "")
         + f", {summary['wall_time_s']:.1f} s",
         flush=True,
     )
+    for line in fitted_lines(trainer, summary):
+        print(f"{say}{line}", flush=True)
     return summary["final_loss"]
+
+
+def _values(value: Any, limit: int = 8) -> str:
+    """A short text of an array's values: at most ``limit`` of them, 5 significant digits."""
+    import numpy as np
+
+    flat = np.asarray(value, dtype=np.float64).ravel()
+    shown = ", ".join(f"{v:.5g}" for v in flat[:limit])
+    return f"[{shown}{', ...' if flat.size > limit else ''}]" if flat.size != 1 else shown
+
+
+def fitted_lines(trainer: Any, summary: dict[str, Any]) -> list[str]:
+    """For a task that fits physical quantities (``task=sysid``, ``physical``, ``initial``):
+    one line per quantity, ``pole_masses: start [0.25, 0.25] -> fitted [0.3249, 0.1759]``, with
+    the true values when the recording carries them (``quantities/<name>``, written by
+    ``harness record``)."""
+    import numpy as np
+
+    fitted = summary.get("parameters")
+    if not fitted:
+        return []
+    starts = {spec.name: spec.init for spec in trainer.step.state.params.specs}
+    truth: dict[str, Any] = {}
+    reference = getattr(trainer.step.task, "reference", None)
+    if reference is not None and getattr(reference, "path", None) is not None:
+        with np.load(reference.path, allow_pickle=False) as archive:
+            truth = {k[len("quantities/") :]: archive[k] for k in archive.files if k.startswith("quantities/")}
+    lines = []
+    for name, value in fitted.items():
+        value = np.asarray(value, dtype=np.float64)
+        start = starts.get(name)
+        line = f"{name}: " + (f"start {_values(np.broadcast_to(start, value.shape))} -> " if start is not None else "")
+        line += f"fitted {_values(value)}"
+        if name in truth:
+            true = np.asarray(truth[name], dtype=np.float64)
+            if true.shape != value.shape and true.ndim == value.ndim + 1 and np.all(true == true[:1]):
+                true = true[0]  # one shared value fitted; the recording has it per world
+            line += f" (truth {_values(true)})"
+        lines.append(line)
+    return lines
+
+
+def loss_change(initial: float, final: float) -> str:
+    """``initial loss 0.84 -> final loss 0.19 (77.1% lower)``; a final loss above the initial
+    one, or one that is not finite, is said in words (the run made the loss worse)."""
+    text = f"initial loss {initial:.6g} -> final loss {final:.6g}"
+    if not math.isfinite(final):
+        return text + " (not finite: training made the loss worse)"
+    if not initial:
+        return text
+    change = 100 * (1 - final / initial)
+    if final > initial:
+        more = f"{-change:.1f}% higher" if final < 2 * initial else f"{final / initial:.3g} times the initial loss"
+        return text + f" ({more}: training made the loss worse)"
+    return text + f" ({change:.1f}% lower)"
 
 
 def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:

@@ -178,6 +178,9 @@ class TensorBoardLog(Callback):
     def on_scalars(self, loop: Loop, iteration: int, values: dict[str, float]) -> None:
         self.writer.scalars(iteration + 1, values)
 
+    def on_end(self, loop: Loop, summary: dict[str, Any]) -> None:
+        self.writer.scalars(loop.settings.iterations, {tags.LOSS_FINAL: float(summary["final_loss"])})
+
     def on_log(self, loop: Loop, iteration: int, values: dict[str, Any]) -> None:
         step = iteration + 1
         for tag, values_ in values["histograms"].items():
@@ -234,7 +237,7 @@ def iteration_series(step: Any) -> dict[str, np.ndarray]:
 
 
 class RolloutPlotLog(Callback):
-    """TensorBoard image ``rollout/plot``: every per-step observable and an open-loop task's
+    """TensorBoard image ``loss/rollout``: every per-step observable and an open-loop task's
     actions against time, the first iteration this process ran dashed (before training, for
     a fresh run) and the current one solid.
 
@@ -317,11 +320,12 @@ class RolloutPlotLog(Callback):
 
 
 def hparams_metrics(group: Any = None) -> dict[str, str]:
-    """The curves whose last values the HParams table shows, with their column titles: the
-    loss, the best loss, and the primary parameter group's clipped fraction and pre-clip norm."""
+    """The scalars whose last values the HParams table shows, with their column titles: the
+    final loss (``loss/final``), the best loss, and the primary parameter group's clipped
+    fraction and pre-clip norm."""
     tag = group.tag if group is not None else tags.optim
     return {
-        tags.LOSS_TOTAL: "loss (last iteration)",
+        tags.LOSS_FINAL: "final loss",
         tags.LOSS_BEST: "best loss",
         tag(tags.CLIPPED_FRACTION): "clipped fraction",
         tag(tags.GRAD_NORM_PRE): "|g| pre-clip (last iteration)",
@@ -331,9 +335,9 @@ def hparams_metrics(group: Any = None) -> dict[str, str]:
 class HParamsRecord(Callback):
     """At the end of a finished run: its row of TensorBoard's HParams dashboard.
 
-    The metrics are the last values of curves the run already has
-    (:func:`hparams_metrics`), so the record adds no single-point scalars; it sits at the
-    last iteration's step.
+    The metrics are the last values of scalars the run has (:func:`hparams_metrics`): the
+    final loss (``loss/final``, the one scalar written for it) and curves; the record sits at
+    the last iteration's step.
 
     Args:
         tensorboard: The run's :class:`TensorBoardLog` (listed before this callback).
@@ -343,7 +347,11 @@ class HParamsRecord(Callback):
 
     def __init__(self, tensorboard: TensorBoardLog, values: dict[str, bool | int | float | str], *, swept: Any = ()):
         self.tensorboard = tensorboard
-        self.values = values
+        # A seed names a replicate, not a quantity: as text it reads "3" (HParams prints every
+        # number with four decimals, "3.0000").
+        self.values = {
+            k: str(v) if k.rsplit(".", 1)[-1] == "seed" and isinstance(v, int) else v for k, v in values.items()
+        }
         self.swept = tuple(swept)
 
     def on_end(self, loop: Loop, summary: dict[str, Any]) -> None:
@@ -363,6 +371,13 @@ def _duration(seconds: float) -> str:
     return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
+WARMUP_LINES = {
+    "eager": "compiling kernels (or loading them from Warp's cache) and running iteration {n} eagerly",
+    "capture": "capturing iteration {n} into the graph every later iteration replays",
+}
+"""What the progress line says before each kind of warm-up iteration (:meth:`Callback.on_warmup`)."""
+
+
 class ProgressLine(Callback):
     """Iteration, share done, time left, loss, pre-clip gradient norm, iterations per second.
 
@@ -370,7 +385,10 @@ class ProgressLine(Callback):
     iteration (count, share, time left and rate). Loss and norm come from the device
     history, read back once per log interval: between read-backs the line says which
     iteration they belong to (``(at 10)``), and before the first one it says when they come,
-    so a healthy run never shows nan.
+    so a healthy run never shows nan. Before a warm-up iteration (the first, eager one, which
+    compiles or loads kernels, and the one that captures the graph) a line says so; the
+    rate and the time left count only the iterations after the warm-up, so the first lines'
+    estimate is not thrown off by it.
 
     Args:
         stream: Where the line goes.
@@ -384,9 +402,13 @@ class ProgressLine(Callback):
         self.interactive = stream.isatty() if interactive is None else interactive
         self._logged = -1
 
-    def _line(self, loop: Loop, done: int, its_per_s: float) -> None:
+    def _write(self, line: str) -> None:
+        self.stream.write("\r" + self.label + line + "\x1b[K" if self.interactive else self.label + line + "\n")
+        self.stream.flush()
+
+    def _line(self, loop: Loop, done: int) -> None:
         total = loop.settings.iterations
-        left = (total - done) / its_per_s if its_per_s > 0 else float("inf")
+        rate = loop.steady_rate(done)  # warm-up iterations (compiling, capturing) are not counted
         seen = loop.tally.flushed  # iterations whose scalars have been read back
         if seen == 0:
             every = loop.settings.log_every
@@ -395,21 +417,25 @@ class ProgressLine(Callback):
             values = f"loss {loop.tally.last('loss'):.6g}  |g|pre {loop.tally.last('norm'):.3e}"
             if seen != done:
                 values += f" (at {seen})"
-        line = self.label + (
-            f"[{done:>{len(str(total))}d}/{total}] {100 * done / total:3.0f}%  {_duration(left)} left  "
-            f"{values}  {its_per_s:.2f} it/s"
-        )
-        self.stream.write("\r" + line + "\x1b[K" if self.interactive else line + "\n")
-        self.stream.flush()
+        if rate is None:
+            pace = "time left after warm-up" if done < total else "done"
+            speed = ""
+        else:
+            pace = f"{_duration((total - done) / rate)} left"
+            speed = f"  {rate:.2f} it/s"
+        self._write(f"[{done:>{len(str(total))}d}/{total}] {100 * done / total:3.0f}%  {pace}  {values}{speed}")
+
+    def on_warmup(self, loop: Loop, iteration: int, what: str) -> None:
+        total = loop.settings.iterations
+        self._write(f"[{iteration + 1:>{len(str(total))}d}/{total}] " + WARMUP_LINES[what].format(n=iteration + 1))
 
     def on_log(self, loop: Loop, iteration: int, values: dict[str, Any]) -> None:
         self._logged = iteration
-        self._line(loop, iteration + 1, 1.0 / values["iter_s"])
+        self._line(loop, iteration + 1)
 
     def on_iteration(self, loop: Loop, iteration: int) -> None:
         if self.interactive and self._logged != iteration:
-            start, first = loop.interval
-            self._line(loop, iteration + 1, (iteration + 1 - first) / max(loop.clock() - start, 1e-9))
+            self._line(loop, iteration + 1)
 
     def close(self, loop: Loop) -> None:
         if self.interactive:

@@ -121,6 +121,11 @@ class Callback:
     def on_iteration(self, loop: Loop, iteration: int) -> None:
         """After every iteration, once its read-back (if any) is done."""
 
+    def on_warmup(self, loop: Loop, iteration: int, what: str) -> None:
+        """Before a warm-up iteration, one that is slower than the rest: ``what`` is ``eager``
+        (the process's first iteration: kernels compile or load from Warp's cache) or
+        ``capture`` (the iteration that records the graph every later one replays)."""
+
     def on_end(self, loop: Loop, summary: dict[str, Any]) -> None:
         """The run finished; ``summary`` is about to be written."""
 
@@ -143,6 +148,9 @@ class Loop:
         last_checkpoint: Path of the newest checkpoint this process wrote (set by the checkpointer).
         stop_signal: The signal that asked the run to stop, or None.
         interval: ``(clock, iteration)`` at the start of the current log interval.
+        steady: ``(clock, iteration)`` after the last warm-up iteration (the eager first one
+            and, with capture, the one that records the graph), or None before it: rates and
+            the time left are estimated from the iterations after it.
     """
 
     def __init__(self, step: TrainStep, settings: TrainSettings, callbacks: list[Callback], *, capture: bool):
@@ -157,11 +165,19 @@ class Loop:
         self.run_dir = Path(".")
         self._started = 0.0
         self.interval = (0.0, 0)
+        self.steady: tuple[float, int] | None = None
 
     @staticmethod
     def clock() -> float:
         """The loop's host clock [s] (``time.perf_counter``)."""
         return time.perf_counter()
+
+    def steady_rate(self, done: int) -> float | None:
+        """Iterations per second since the warm-up, with ``done`` iterations done; None before
+        the first steady iteration has finished."""
+        if self.steady is None or done <= self.steady[1]:
+            return None
+        return (done - self.steady[1]) / max(self.clock() - self.steady[0], 1e-9)
 
     def request_stop(self, signum: int) -> None:
         """Finish the current iteration, checkpoint, write an ``interrupted`` summary, stop."""
@@ -185,9 +201,17 @@ class Loop:
             self._started = time.perf_counter()
             self.interval = (self._started, self.start_iteration)
             for it in range(self.start_iteration, settings.iterations):
-                if self.capture and step.graph is None and it > self.start_iteration:
+                capturing = self.capture and step.graph is None and it > self.start_iteration
+                warmup = it == self.start_iteration or capturing
+                if warmup:
+                    self.steady = None
+                    for callback in self.callbacks:
+                        callback.on_warmup(self, it, "capture" if capturing else "eager")
+                if capturing:
                     step.capture()
                 step.run()
+                if warmup:  # the estimate starts after the last one
+                    self.steady = (self.clock(), it + 1)
                 if it == 0:
                     self.tally.initial_figures = step.env.describe(step.trajectory)
                 log_step = (it + 1) % settings.log_every == 0 or it == settings.iterations - 1
