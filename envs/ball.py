@@ -21,9 +21,8 @@ uniform draw from [-target_spread, target_spread] m per axis (seeded).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import newton
 import numpy as np
 import warp as wp
 
@@ -31,6 +30,9 @@ from envs.walls import ContactMaterial, add_wall_and_ground, set_soft_contact
 from harness.env import EnvConfig, Quantity, Segmentable, Trajectory
 from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
 from harness.schema import field
+
+if TYPE_CHECKING:  # newton is imported where a simulation is built: the config's checks do without it
+    import newton
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,6 +70,8 @@ class BallEnv(NewtonEnv, Segmentable):
     CONTACT = ContactMaterial(ke=1.0e4, kd=1.0e1, kf=0.0, mu=0.2)
 
     def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
+        import newton
+
         super().__init__(config, device=device, **fields)
         self.dt = self.config.dt
         cfg = self.config
@@ -79,6 +83,8 @@ class BallEnv(NewtonEnv, Segmentable):
         self.collision_pipeline.collide(self.state(0), self.contacts)
 
     def build_model(self) -> newton.Model:
+        import newton
+
         scene = newton.ModelBuilder(up_axis=newton.Axis.Z)
         scene.add_particle(pos=wp.vec3(0.0, -0.5, 1.0), vel=wp.vec3(*self.config.initial_velocity), mass=1.0)
         add_wall_and_ground(scene, self.CONTACT)
@@ -87,6 +93,8 @@ class BallEnv(NewtonEnv, Segmentable):
         return model
 
     def build_solver(self) -> newton.solvers.SolverSemiImplicit:
+        import newton
+
         return newton.solvers.SolverSemiImplicit(self.model)
 
     def contacts_at(self, t: int) -> newton.Contacts:

@@ -18,10 +18,8 @@ These are private attributes of newton 1.8; the gradcheck test guards an upgrade
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import newton
-import newton.examples
 import numpy as np
 import warp as wp
 
@@ -29,6 +27,9 @@ from harness.adjoint_funcs import clamp_adjoint
 from harness.env import DrawsStarts, PolicyEnv, Quantity, Restarts, Segmentable, Trajectory, host_rng
 from harness.newton_env import NewtonEnv, NewtonEnvConfig
 from harness.schema import field
+
+if TYPE_CHECKING:  # newton is imported where a simulation is built: the config's checks do without it
+    import newton
 
 FEATHERSTONE_SCRATCH = ("M", "J", "P", "H", "L")
 """Solver attributes that SolverFeatherstone overwrites every step (newton 1.8)."""
@@ -263,6 +264,8 @@ class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentable):
         return super().segment_blocker(config)
 
     def build_model(self) -> newton.Model:
+        import newton.examples
+
         single = newton.ModelBuilder()
         single.add_urdf(newton.examples.get_asset("cartpole.urdf"), floating=False, enable_self_collisions=False)
         if single.joint_dof_count != DOFS_PER_WORLD:
@@ -272,6 +275,8 @@ class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentable):
         return builder.finalize(device=self.device, requires_grad=True)
 
     def build_solver(self) -> newton.solvers.SolverFeatherstone:
+        import newton
+
         return newton.solvers.SolverFeatherstone(self.model, angular_damping=self.config.angular_damping)
 
     def quantity_value(self, name: str) -> np.ndarray:
@@ -280,6 +285,8 @@ class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentable):
         return self._start_masses.astype(np.float32).copy()
 
     def set_quantity(self, name: str, value: wp.array) -> None:
+        import newton
+
         if name != "pole_masses":
             super().set_quantity(name, value)
             return

@@ -92,9 +92,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import newton
 import numpy as np
 import warp as wp
 
@@ -102,6 +101,9 @@ from harness.adjoint_funcs import clamp_adjoint
 from harness.env import DrawsStarts, PolicyEnv, Restarts, Segmentable, Trajectory, host_rng
 from harness.newton_env import NewtonEnv, NewtonEnvConfig
 from harness.schema import field
+
+if TYPE_CHECKING:  # newton is imported where a simulation is built: the config's checks do without it
+    import newton
 
 FEATHERSTONE_SCRATCH = ("M", "J", "P", "H", "L")
 """Solver attributes that SolverFeatherstone overwrites when it builds the mass matrix (newton 1.8)."""
@@ -361,6 +363,8 @@ class CartpoleSwingupEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentabl
     # -- the model ------------------------------------------------------------------------
 
     def build_model(self) -> newton.Model:
+        import newton
+
         cfg = self.config
         if cfg.mass_matrix_every > cfg.substeps:
             raise ValueError(
@@ -411,6 +415,8 @@ class CartpoleSwingupEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentabl
         return builder.finalize(device=self.device, requires_grad=True)
 
     def build_solver(self) -> newton.solvers.SolverFeatherstone:
+        import newton
+
         return newton.solvers.SolverFeatherstone(
             self.model, angular_damping=0.0, update_mass_matrix_interval=self.config.mass_matrix_every
         )

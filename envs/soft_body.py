@@ -21,9 +21,8 @@ own target, the example's moved by a uniform draw from [-target_spread, target_s
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import newton
 import numpy as np
 import warp as wp
 
@@ -31,6 +30,9 @@ from envs.walls import ContactMaterial, add_wall_and_ground, set_soft_contact
 from harness.env import EnvConfig, Quantity, Segmentable, Trajectory
 from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
 from harness.schema import field
+
+if TYPE_CHECKING:  # newton is imported where a simulation is built: the config's checks do without it
+    import newton
 
 LAME_BOUNDS = (500.0, 4.0e6)
 """The example's clamp of every Lame parameter after each step [Pa]."""
@@ -103,6 +105,8 @@ class SoftBodyEnv(NewtonEnv, Segmentable):
     CONTACT = ContactMaterial(ke=1.0e3, kd=1.0, kf=0.0, mu=0.2)
 
     def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
+        import newton
+
         super().__init__(config, device=device, **fields)
         self.dt = self.config.dt
         self._built_materials = self.model.tet_materials.numpy()[:, :2].copy()  # where training starts
@@ -115,6 +119,8 @@ class SoftBodyEnv(NewtonEnv, Segmentable):
         self.contacts = [self.collision_pipeline.contacts() for _ in range(count)]
 
     def build_model(self) -> newton.Model:
+        import newton
+
         cells, cell_size, total_mass = self.config.CELLS, 0.1, 0.2
         particle_mass = total_mass / (cells + 1) ** 3
         young, poisson = 1.5e4, 0.3
@@ -151,6 +157,8 @@ class SoftBodyEnv(NewtonEnv, Segmentable):
         return model
 
     def build_solver(self) -> newton.solvers.SolverSemiImplicit:
+        import newton
+
         return newton.solvers.SolverSemiImplicit(self.model)
 
     @classmethod

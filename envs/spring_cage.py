@@ -16,15 +16,17 @@ uniform draw from [-target_spread, target_spread] m per axis (seeded).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import newton
 import numpy as np
 import warp as wp
 
 from harness.env import EnvConfig, Quantity, Segmentable, Trajectory
 from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
 from harness.schema import field
+
+if TYPE_CHECKING:  # newton is imported where a simulation is built: the config's checks do without it
+    import newton
 
 ANCHORS = (
     (0.2, -0.7, 0.8),
@@ -83,6 +85,8 @@ class SpringCageEnv(NewtonEnv, Segmentable):
         self.targets = world_targets(cfg.target, cfg.target_spread, self.world_count, cfg.seed, self.device)
 
     def build_model(self) -> newton.Model:
+        import newton
+
         scene = newton.ModelBuilder()
         scene.add_particle((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), 1.0)
         for anchor in ANCHORS:
@@ -92,6 +96,8 @@ class SpringCageEnv(NewtonEnv, Segmentable):
         return finalize_worlds(scene, self.world_count, self.device)
 
     def build_solver(self) -> newton.solvers.SolverSemiImplicit:
+        import newton
+
         return newton.solvers.SolverSemiImplicit(self.model)
 
     def quantity_value(self, name: str) -> np.ndarray:

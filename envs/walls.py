@@ -5,10 +5,12 @@ with one contact material for the shapes and for particle-shape (soft) contacts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import newton
 import warp as wp
+
+if TYPE_CHECKING:  # newton is imported where a simulation is built: the config's checks do without it
+    import newton
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +26,8 @@ class ContactMaterial:
 
 def add_wall_and_ground(scene: newton.ModelBuilder, material: ContactMaterial) -> None:
     """Add the examples' wall and ground plane to ``scene``."""
+    import newton
+
     cfg = newton.ModelBuilder.ShapeConfig(ke=material.ke, kf=material.kf, kd=material.kd, mu=material.mu)
     scene.add_shape_box(
         body=-1, xform=wp.transform(wp.vec3(0.0, 2.0, 1.0), wp.quat_identity()), hx=1.0, hy=0.25, hz=1.0, cfg=cfg

@@ -10,33 +10,85 @@ the device), ``clip`` (clip policies), ``optim`` (optimizers), ``losses`` (loss 
 :func:`init_warp` initialises Warp without the CUDA driver warning that Warp's native
 library prints on machines without an NVIDIA driver (the harness needs none).
 
-Importing the package sets Warp's log level before Warp initialises: ``warning`` by
-default (no start-up banner), or the level named by ``HARNESS_WARP_LOG_LEVEL``
-(``debug``, ``info``, ``warning``, ``error``); ``info`` shows every kernel module load
-and whether it was compiled or taken from the kernel cache.
+Importing the package does not import Warp, so that ``--help``, config printing and every
+refusal of bad input stay fast (docs/startup.md). It sets Warp's log level and determinism
+the moment Warp is imported, by whichever module, before Warp initialises and before any
+kernel module exists (at once when Warp was imported before the package). The log level is
+``warning`` by default (no start-up banner), or the one named by ``HARNESS_WARP_LOG_LEVEL``
+(``debug``, ``info``, ``warning``, ``error``); ``info`` shows every kernel module load and
+whether it was compiled or taken from the kernel cache.
 
 ``HARNESS_DETERMINISTIC`` (``run_to_run`` or ``gpu_to_gpu``) sets
 ``warp.config.deterministic`` before any kernel module exists, asking Warp for bit-exact
 float atomics on CUDA (see docs/checkpoints.md); CPU runs are deterministic without it.
 """
 
+import importlib.abc
 import os
 import sys
-import tempfile
+from typing import Any
 
-import warp as wp
+_LEVELS = ("debug", "info", "warning", "error")
+"""The values ``HARNESS_WARP_LOG_LEVEL`` takes (Warp's ``LOG_<NAME>``); any other reads as ``warning``."""
 
-_LEVELS = {"debug": wp.LOG_DEBUG, "info": wp.LOG_INFO, "warning": wp.LOG_WARNING, "error": wp.LOG_ERROR}
-wp.config.log_level = _LEVELS.get(os.environ.get("HARNESS_WARP_LOG_LEVEL", "warning").lower(), wp.LOG_WARNING)
+_DETERMINISM = {"run_to_run": "RUN_TO_RUN", "gpu_to_gpu": "GPU_TO_GPU", "": "NOT_GUARANTEED"}
+"""``HARNESS_DETERMINISTIC``'s values and the ``warp.DeterministicMode`` each sets."""
 
-_DETERMINISM = {
-    "run_to_run": wp.DeterministicMode.RUN_TO_RUN,
-    "gpu_to_gpu": wp.DeterministicMode.GPU_TO_GPU,
-    "": wp.DeterministicMode.NOT_GUARANTEED,
-}
 _mode = os.environ.get("HARNESS_DETERMINISTIC", "").lower()
-if _mode in _DETERMINISM:
-    wp.config.deterministic = _DETERMINISM[_mode]
+
+
+def _configure_warp(wp: Any) -> None:
+    """Set the Warp module ``wp``'s log level and determinism from the environment."""
+    level = os.environ.get("HARNESS_WARP_LOG_LEVEL", "warning").lower()
+    wp.config.log_level = getattr(wp, f"LOG_{(level if level in _LEVELS else 'warning').upper()}")
+    if _mode in _DETERMINISM:
+        wp.config.deterministic = getattr(wp.DeterministicMode, _DETERMINISM[_mode])
+
+
+class _ConfigureAfter(importlib.abc.Loader):
+    """Warp's own loader, followed by :func:`_configure_warp` once the package has run."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_resource_reader, ...: the wrapped loader's
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        _configure_warp(module)
+        sys.meta_path[:] = [finder for finder in sys.meta_path if not _is_hook(finder)]
+
+
+class _WarpImportHook(importlib.abc.MetaPathFinder):
+    """Finds ``warp`` as the other finders do and wraps its loader in :class:`_ConfigureAfter`,
+    which takes the hook off ``sys.meta_path`` once Warp is imported."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "warp":
+            return None
+        for finder in sys.meta_path:
+            if _is_hook(finder):
+                continue
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _ConfigureAfter(spec.loader)
+                return spec
+        return None
+
+
+def _is_hook(finder: Any) -> bool:
+    return type(finder).__name__ == "_WarpImportHook"  # also one of an earlier import of this module
+
+
+if "warp" in sys.modules:
+    _configure_warp(sys.modules["warp"])
+elif not any(_is_hook(finder) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _WarpImportHook())
 
 
 def environment_error() -> str | None:
@@ -53,22 +105,32 @@ __version__ = "0.1.0"
 _NO_DRIVER = "Warp CUDA warning: Could not find or load the NVIDIA CUDA driver"
 
 
-def init_warp() -> None:
+def init_warp(*, check_environment: bool = True) -> None:
     """Initialise Warp (``wp.init()``), passing on everything it prints to stderr except the
     native library's line saying that no NVIDIA CUDA driver was found: on a machine without
     one the harness runs on the CPU as documented, and a CUDA device asked for by name is
-    refused with its own one-line error. Idempotent.
+    refused with its own one-line error. Idempotent; imports Warp (configured as the module
+    docstring says).
+
+    Args:
+        check_environment: Refuse an invalid harness environment variable first. False (the
+            library's own calls, before an env's first array): initialise all the same, the
+            invalid value ignored, as Warp's own first use would.
 
     Raises:
         ValueError: A harness environment variable holds a value it does not accept
-            (:func:`environment_error`).
+            (:func:`environment_error`), with ``check_environment``.
     """
     global _initialised
     problem = environment_error()
-    if problem is not None:
+    if problem is not None and check_environment:
         raise ValueError(problem)
     if _initialised:
         return
+    import tempfile
+
+    import warp as wp
+
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as caught:

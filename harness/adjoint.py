@@ -35,7 +35,6 @@ import numpy as np
 import warp as wp
 
 from harness import tags
-from harness.events import figure_rgb
 
 __all__ = ["AdjointClipper", "AdjointSettings", "profile_histogram_values", "profile_image", "profile_summary"]
 
@@ -337,6 +336,8 @@ def profile_image(
     if profile.shape[1] <= 8 or max_norm is not None:
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
+    from harness.events import figure_rgb  # TensorBoard's protobufs: only when a profile is drawn
+
     return figure_rgb(fig)
 
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from harness import checkpoint
+from harness import init_warp
 from harness.config import (
     ConfigError,
     TrainSettings,
@@ -33,6 +33,9 @@ from harness.config import (
     segment_steps,
 )
 from harness.config import validate as validate_values
+
+if TYPE_CHECKING:  # harness.checkpoint (numpy) is imported where a checkpoint is read
+    from harness import checkpoint
 
 __all__ = ["Run", "build_clip", "build_env", "build_run", "precheck", "validate"]
 
@@ -205,6 +208,7 @@ def build_env(
     Raises:
         ConfigError: One line when the env's own code raises while building.
     """
+    init_warp(check_environment=False)  # before the env's first array: no CUDA driver warning
     env_class, env_config = check_env_fields(cfg)
     if task is not None:
         env_config = task.evaluation_config(env_config) if evaluation else task.training_config(env_config)
@@ -280,6 +284,8 @@ def check_resume(resume: str, run_dir: Any, cfg: DictConfig, run: Run) -> Path |
     """
     if resume == "auto" and run_dir is None:
         return None  # a fresh Hydra folder has no checkpoint: auto starts from scratch
+    from harness import checkpoint
+
     try:
         path = checkpoint.resolve(resume, Path(str(run_dir)) if run_dir is not None else Path("."))
         if path is None:
@@ -385,6 +391,7 @@ def trained_run(
     Raises:
         harness.runs.RunError: One line naming what does not fit.
     """
+    from harness import checkpoint
     from harness.runs import RunError
 
     command = folder.command

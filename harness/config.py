@@ -27,7 +27,6 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from harness.checkpoint import current_name
 from harness.schema import field
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -168,10 +167,13 @@ def require_env(cfg: DictConfig) -> None:
 
 def check_device(name: str | None) -> str | None:
     """Accept None (Warp's preferred device) or the name of a device Warp sees."""
-    import warp as wp
-
     if name is None:
         return None
+    import warp as wp
+
+    from harness import init_warp
+
+    init_warp(check_environment=False)  # Warp lists its devices once initialised: no CUDA driver warning
     names = [d.alias for d in wp.get_devices()]
     if str(name) not in names:
         raise ConfigError(f"device: '{name}' is not available here; accepted: null (preferred), {', '.join(names)}")
@@ -331,6 +333,8 @@ def _explain_override(config_name: str, overrides: list[str], exc: BaseException
 
 
 def _check_choice(group: str, value: Any, overrides: list[str]) -> None:
+    from harness.checkpoint import current_name
+
     options = available(group, overrides)
     values = value if isinstance(value, list) else [value]
     for v in values:
@@ -413,6 +417,8 @@ def run_overrides(run_dir: Path, command: str) -> list[str]:
 
 def _renamed_override(override: str) -> str:
     """``clip=norm`` as ``clip=global_norm``: an override choosing a renamed option, under its current name."""
+    from harness.checkpoint import current_name
+
     key, sep, value = override.partition("=")
     group = key.lstrip("+~")
     return f"{key}{sep}{current_name(group, value)}" if sep else override

@@ -32,6 +32,9 @@ What is trained is the task's choice (:mod:`harness.tasks`): the actions of ever
 (open loop), a policy's weights, or named quantities. :func:`harness.tasks.rollout` drives
 the steps. Concrete envs live outside this package (``envs/`` in this repository, or a
 user's own module); ``harness`` never imports them. docs/envs.md shows the smallest env.
+A command line is checked against the env's ``Config`` before anything is built, so an env
+module that imports Newton inside the methods that build the simulation (as ``envs/`` does)
+lets a refused command line stop without importing Newton (docs/startup.md).
 
 The capture contract
 --------------------

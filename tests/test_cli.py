@@ -45,10 +45,13 @@ def test_train_with_overrides_writes_summary_config_and_events(tmp_path):
     assert list(run_dir.glob("events.out.tfevents.*"))
     assert not list(run_dir.glob("*.log"))  # no empty Hydra job log: the harness prints, it does not log
     # No terminal: plain periodic lines, no carriage-return redraws.
-    progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
-    assert [line.split("]")[0] for line in progress] == ["[2/4", "[4/4"]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert [line.split("]")[0] for line in lines] == ["[1/4", "[2/4", "[2/4", "[4/4"]
+    assert "compiling kernels" in lines[0] and "capturing iteration 2" in lines[1]  # the warm-up, said once each
+    progress = lines[2:]
     assert "\r" not in proc.stdout
-    assert "|g|pre" in progress[0] and "it/s" in progress[0]
+    assert all("|g|pre" in line for line in progress)
+    assert "time left after warm-up" in progress[0] and progress[1].endswith(" it/s")  # a rate after the warm-up
 
 
 def test_a_run_folder_is_named_by_its_time_and_overrides(tmp_path):
@@ -236,3 +239,12 @@ def test_ctrl_c_while_the_env_is_built_stops_in_one_line_and_writes_nothing(tmp_
     assert proc.returncode == 130, err
     assert err.strip() == "interrupted before training started; nothing was written"
     assert not (tmp_path / "outputs").exists()
+
+
+def test_train_help_lists_only_the_config_groups_a_user_picks(tmp_path):
+    proc = harness("train", "--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    groups = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    names = [line.split(":")[0] for line in groups.splitlines() if ": " in line]
+    assert names == ["clip", "env", "experiment", "loss", "optim", "schedule", "task"], names
+    assert "optim:\n  _target_: harness.optim.adam" in proc.stdout  # the config itself is still shown

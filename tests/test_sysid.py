@@ -165,6 +165,8 @@ def test_sysid_without_a_reference_and_reference_terms_without_sysid_are_refused
 
 
 def test_record_without_out_writes_under_outputs_never_into_the_working_folder(tmp_path):
+    refused = run_harness("record", "+env=cartpole", "env.horizon=-3", cwd=tmp_path, timeout=300)
+    assert refused.returncode == 2 and not list(tmp_path.iterdir())  # a refusal makes no folder
     args = ("record", "+env=cartpole", "env.horizon=4", "env.world_count=1")
     first, second = (run_harness(*args, cwd=tmp_path, timeout=300) for _ in range(2))
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr

@@ -7,15 +7,15 @@ needs, runs and prints; what two of them need is here, so no command imports ano
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import io
+import re
 import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
-
-from hydra.core.override_parser.overrides_parser import OverridesParser
-
-from harness import config, init_warp
 
 # Our launcher presets share their names with the plugins' structured configs on purpose
 # (`hydra/launcher=joblib`); Hydra 1.3 warns about the name match. Set when a command is
@@ -28,6 +28,8 @@ __all__ = [
     "HYDRA_VALUE_FLAGS",
     "dirname_overrides",
     "fail",
+    "pause_collector",
+    "resume_collector",
     "run_dir_override",
     "run_hydra",
     "split_hydra_flags",
@@ -97,6 +99,8 @@ def dirname_overrides(args: list[str]) -> list[str]:
 
     Returns an override setting ``hydra.job.config.override_dirname.exclude_keys``.
     """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     multirun = any(a in ("-m", "--multirun") for a in args)
     try:
         parsed = OverridesParser.create().parse_overrides(split_hydra_flags(args)[1])
@@ -112,19 +116,42 @@ def dirname_overrides(args: list[str]) -> list[str]:
     return ["hydra.job.config.override_dirname.exclude_keys=[" + ",".join(f"'{k}'" for k in keys) + "]"]
 
 
+def pause_collector() -> bool:
+    """Pause Python's cyclic garbage collector while the command line's check imports Newton and
+    the env's modules and builds the env: what that allocates (modules, kernels, the model)
+    lives as long as the process, and every collection in between would walk all of it again
+    (about a third of Newton's import time, docs/startup.md). Returns whether it was running."""
+    running = gc.isenabled()
+    gc.disable()
+    return running
+
+
+def resume_collector(paused: bool) -> None:
+    """End :func:`pause_collector`'s pause: move every object alive now into the collector's
+    permanent generation (``gc.freeze()``: no later collection walks them, nor the one at
+    exit) and run the collector again. Nothing when ``paused`` is False (it was not running)."""
+    if paused:
+        gc.freeze()
+        gc.enable()
+
+
 def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: list[str]) -> None:
     """Run a Hydra command (``@hydra.main`` function ``main`` of ``configs/<config_name>.yaml``)
     on the command line ``rest``: Hydra's flags pass through; otherwise the whole command line
     is checked first (:func:`harness.build.precheck`: nothing is written and no kernel compiles
     before it passes), a resume continues in its checkpoint's folder, the folders of
     :data:`harness.config.CONFIG_PATH_VARIABLE` join the search path, and a run folder is named
-    by its overrides (:func:`dirname_overrides`)."""
-    from harness import build
+    by its overrides (:func:`dirname_overrides`). Warp is initialised where it is first needed
+    (:func:`harness.init_warp`: the device check, the env's build, the command itself): Hydra's
+    flags import neither Warp nor Newton, and a refused command line no Newton."""
+    from harness import config
 
-    init_warp()
     flags, overrides = split_hydra_flags(rest)
     if not any(f.split("=", 1)[0] in HYDRA_INSPECT_FLAGS for f in flags):  # --cfg, --info, --help run nothing
+        from harness import build
+
         multirun = [f for f in flags if f in ("-m", "--multirun")]
+        paused = pause_collector()
         try:
             resume_folder = build.precheck(config_name, [*multirun, *overrides])
         except config.ConfigError as exc:
@@ -132,6 +159,8 @@ def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: 
         except KeyboardInterrupt:  # e.g. while the env is built: no folder exists yet
             print("interrupted before training started; nothing was written", file=sys.stderr)
             sys.exit(130)
+        finally:
+            resume_collector(paused)
         if resume_folder is not None and not any(a.startswith("hydra.run.dir=") for a in overrides):
             overrides = [*overrides, run_dir_override(resume_folder)]  # continue in the checkpoint's folder
     try:
@@ -146,9 +175,24 @@ def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: 
     saved = sys.argv
     sys.argv = [f"harness {command}", *overrides, *dirname_overrides([*flags, *overrides]), *flags]
     try:
-        main()
+        if any(f in ("--help", "-h") for f in flags):
+            buffer = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(buffer):
+                    main()
+            finally:  # Hydra may end with SystemExit after printing
+                print(user_help(buffer.getvalue()), end="", flush=True)
+        else:
+            main()
     finally:
         sys.argv = saved
+
+
+def user_help(text: str) -> str:
+    """Hydra's ``--help`` text without the config groups a user never picks: ``base`` (what
+    every clip and schedule option shares) and the nested ones (``optim/task``, ``optim/env``,
+    ``schedule/task``), which a task or an env chooses from its own config."""
+    return "".join(line for line in text.splitlines(keepends=True) if not re.match(r"(base|[\w.-]+/[\w./-]+): ", line))
 
 
 def run_folder_argument(

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.commands.common import fail, run_folder_argument
+from harness.commands.common import fail, pause_collector, resume_collector, run_folder_argument
 
 __all__ = ["evaluate_run", "format_table", "main"]
 
@@ -52,7 +52,11 @@ def evaluate_run(
     target = Path(out) if out else Path(run_dir) / "eval.json"
     if target.is_dir() or not target.parent.is_dir():
         raise RunError(f"out: '{target}' is not a file in an existing folder; accepted: out=<folder>/<name>.json")
-    trained = trained_run(folder, list(overrides), checkpoint_name=checkpoint, device=device)
+    paused = pause_collector()  # Newton's import and the env's build: docs/startup.md
+    try:
+        trained = trained_run(folder, list(overrides), checkpoint_name=checkpoint, device=device)
+    finally:
+        resume_collector(paused)
     step, env, loss = trained.trainer.step, trained.run.env, trained.run.loss
     with step.at_eval_params():
         loss.zero()

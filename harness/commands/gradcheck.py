@@ -10,7 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness import build, config, init_warp
+from harness import config, init_warp
 from harness.commands.common import fail, run_hydra
 
 __all__ = ["gradcheck_command", "main"]
@@ -19,6 +19,8 @@ __all__ = ["gradcheck_command", "main"]
 @hydra.main(version_base="1.3", config_path=str(config.CONFIG_DIR), config_name="gradcheck")
 def gradcheck_command(cfg: DictConfig) -> None:
     """Print the gradient comparison; exit 1 when the worst error exceeds the tolerance."""
+    from harness import build
+
     init_warp()
     hydra_cfg = HydraConfig.get()
     config.apply_task_env_defaults(cfg, hydra_cfg.runtime.choices, list(hydra_cfg.overrides.task))

@@ -14,18 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from harness.commands.common import fail
+from harness.commands.common import fail, pause_collector, resume_collector
 
 __all__ = ["main", "record_trajectory"]
 
 
 def record_trajectory(
-    overrides: list[str], out: Path, *, amplitude: float = 10.0, noise: float = 0.0, device: str | None = None
+    overrides: list[str], out: Path | None, *, amplitude: float = 10.0, noise: float = 0.0, device: str | None = None
 ) -> dict[str, Any]:
     """Simulate the env driven by a multisine (:func:`harness.trajectory.excitation`) from its
     own initial states and write the trajectory file (:mod:`harness.trajectory`), with
     Gaussian noise of standard deviation ``noise`` added to every observation (seeded by the
-    run seed).
+    run seed). ``out=None``: :func:`default_out`, made once the command line has passed its checks.
 
     Returns:
         What was written: path, steps, worlds, observables, noise, the env's quantities.
@@ -41,8 +41,8 @@ def record_trajectory(
     from harness.tasks.base import Task, rollout
     from harness.trajectory import EXCITATION_HZ, FORMAT, TrajectoryFileError, excitation, save_trajectory
 
-    out = Path(out)
-    if out.is_dir() or not out.parent.is_dir():
+    out = Path(out) if out is not None else None
+    if out is not None and (out.is_dir() or not out.parent.is_dir()):
         raise TrajectoryFileError(
             f"out: '{out}' is not a file in an existing folder; accepted: out=<folder>/<name>.npz"
         )
@@ -58,6 +58,8 @@ def record_trajectory(
             f"record: env '{env.name}' does not play the role Identifiable ({Identifiable.summary}); "
             "a recording stores each world's initial state"
         )
+    if out is None:
+        out = default_out(env.name)
     initial = env.initial_state()
     seed = int(cfg.get("seed", 0))
     controls = excitation(env.horizon, env.world_count, env.action_dim, env.dt, amplitude=amplitude, seed=seed)
@@ -118,13 +120,12 @@ def record_trajectory(
     }
 
 
-def default_out(overrides: list[str]) -> Path:
+def default_out(env: str) -> Path:
     """Where a recording goes without ``out=``: ``outputs/<env>/recordings/<date>_<time>.npz``
     (the folder made; a second recording in the same second gets ``_2``, ``_3``, ...), so
     nothing lands in the working folder."""
     import time
 
-    env = next(o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("env="))
     folder = Path("outputs") / env / "recordings"
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -155,11 +156,14 @@ def main(args: list[str]) -> None:
     if not any(o.lstrip("+").startswith("env=") for o in overrides):
         fail("record: choose the env, e.g. python -m harness record +env=cartpole out=traj.npz")
     init_warp()
-    out = Path(options["out"]) if "out" in options else default_out(overrides)
+    out = Path(options["out"]) if "out" in options else None
+    paused = pause_collector()  # Newton's import and the env's build: docs/startup.md
     try:
         written = record_trajectory(overrides, out, **numbers)
     except TrajectoryFileError as exc:
         fail(exc)
+    finally:
+        resume_collector(paused)
     quantities = ", ".join(f"{k}={np.round(np.asarray(v), 4).tolist()}" for k, v in written["quantities"].items())
     print(
         f"trajectory: {written['path']} ({written['steps']} step{'s' * (written['steps'] != 1)} x "

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.commands.common import fail, run_folder_argument
+from harness.commands.common import fail, pause_collector, resume_collector, run_folder_argument
 
 __all__ = ["main", "render_run"]
 
@@ -70,7 +70,11 @@ def render_run(
     )
 
     folder = RunFolder(run_dir, "render")
-    trained = trained_run(folder, checkpoint_name=checkpoint, device="cpu", load=False)
+    paused = pause_collector()  # Newton's import and the env's build: docs/startup.md
+    try:
+        trained = trained_run(folder, checkpoint_name=checkpoint, device="cpu", load=False)
+    finally:
+        resume_collector(paused)
     env, step = trained.run.env, trained.trainer.step
     if not isinstance(env, Renderable):
         raise RunError(f"render: env '{env.name}' does not play the role Renderable (no Newton model to draw)")

@@ -23,7 +23,6 @@ from omegaconf import DictConfig
 
 from harness import config, init_warp, tags
 from harness.commands.common import fail, run_dir_override, run_hydra
-from harness.runs import write_json
 
 __all__ = ["main", "train_command"]
 
@@ -58,6 +57,7 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> floa
 
     from harness import checkpoint
     from harness.clip import NonFiniteGradientError
+    from harness.runs import write_json
     from harness.training import TrainingInterrupted
 
     # Jobs of a sweep may run side by side (joblib): label their lines.
@@ -170,6 +170,7 @@ def loss_change(initial: float, final: float) -> str:
 def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:
     """The run's trainer; refusals exit with one line."""
     from harness import build, checkpoint
+    from harness.runs import write_json
     from harness.training import CaptureError
 
     try:

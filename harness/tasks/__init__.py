@@ -13,16 +13,37 @@ A task decides what the trainable parameters are and how they enter a rollout; t
   quantities of its initial state (initial velocities).
 
 :func:`rollout` is the one loop over steps every task shares.
+
+The other tasks' modules are imported when their class is first asked for
+(``harness.tasks.SHAC``, as Hydra's ``_target_`` does), so a run trains without importing the
+modules of the tasks it does not use (docs/startup.md).
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from harness.tasks.base import SINGLE_GROUP, Task, prepare, prepare_groups, rollout, rollout_segment, segment_bounds
 from harness.tasks.open_loop import OpenLoop
-from harness.tasks.policy import Policy
-from harness.tasks.quantities import TrainQuantities
-from harness.tasks.shac import SHAC
-from harness.tasks.sysid import SystemId
+
+if TYPE_CHECKING:
+    from harness.tasks.policy import Policy
+    from harness.tasks.quantities import TrainQuantities
+    from harness.tasks.shac import SHAC
+    from harness.tasks.sysid import SystemId
+
+_LAZY = {"Policy": "policy", "TrainQuantities": "quantities", "SHAC": "shac", "SystemId": "sysid"}
+"""Task classes imported on first use, by the module of this package that defines each."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        found = getattr(importlib.import_module(f"harness.tasks.{_LAZY[name]}"), name)
+        globals()[name] = found
+        return found
+    raise AttributeError(f"module 'harness.tasks' has no attribute '{name}'")
+
 
 __all__ = [
     "SHAC",
