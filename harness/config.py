@@ -71,7 +71,7 @@ class TrainSettings:
         capture: ``auto`` (capture one iteration into a graph when the device and every
             component allow it, else run eagerly and say why), True (capture or refuse),
             False (every iteration eagerly).
-        plot_every: A TensorBoard image of the rollout against time (``rollout/plot``) at
+        plot_every: A TensorBoard image of the rollout against time (``loss/rollout``) at
             the first log step, at the first log step after every multiple of this many
             iterations and at the end; 0: the first log step and the end only; None: never.
     """

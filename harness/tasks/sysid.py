@@ -166,7 +166,8 @@ class SystemId(TrainQuantities):
         assert ref is not None
         if (env.horizon, env.world_count) != (ref.steps, ref.worlds):
             raise ValueError(
-                f"task.reference: '{ref.path}' holds {ref.steps} steps x {ref.worlds} worlds; "
+                f"task.reference: '{ref.path}' holds {ref.steps} step{'s' * (ref.steps != 1)} x "
+                f"{ref.worlds} world{'s' * (ref.worlds != 1)}; "
                 f"the env has {env.horizon} x {env.world_count}"
             )
         device = env.device
