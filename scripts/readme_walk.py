@@ -4,15 +4,15 @@ written, on a fresh clone, each checked against what its comment promises.
     python scripts/readme_walk.py                 # clone this checkout's HEAD into a temporary folder
     python scripts/readme_walk.py --keep /tmp/w   # ... into /tmp/w, kept afterwards
     python scripts/readme_walk.py --list          # the commands and the check each one gets
+    python scripts/readme_walk.py --only 'sgd'    # make train, then only the commands matching a pattern
 
 The commands run with ``bash`` in the clone's root, with the clone's ``.venv/bin`` first on
 ``PATH`` after ``make train`` made it (what ``source .venv/bin/activate`` does). The README's
 placeholders stand for folders an earlier command made, and are the only words replaced:
 
-- ``<time>``: the run folder ``make train`` wrote (the cartpole with the defaults);
-- ``<policy time>``: the run folder the ``task=policy`` line wrote;
-- ``<sweep>``: the newest sweep folder under ``multirun/`` (``<date>/<time>`` or a preset's
-  ``<name>/<date>_<time>``).
+- ``<time>``: the name of the run folder ``make train`` wrote (the cartpole with the defaults);
+- ``<policy time>``: the name of the run folder the ``task=policy`` line wrote;
+- ``<sweep>``: the newest sweep folder, relative to ``multirun/``.
 
 A run's folder is read off its ``run folder: ...`` line. Every command must exit 0 and print no
 traceback; :data:`CHECKS` adds, per command, what its comment promises. The whole walk takes
@@ -89,8 +89,9 @@ def improved(walk: Walk, run: Path) -> dict:
 
 
 def check_make_train(walk: Walk) -> None:
-    walk.runs["<time>"] = run_folder(walk.out)
-    s = improved(walk, walk.runs["<time>"])
+    run = run_folder(walk.out)
+    walk.runs["<time>"] = Path(run.name)  # the README writes outputs/cartpole/<time>
+    s = improved(walk, run)
     assert s["iterations"] == 100 and s["env"] == "cartpole"
 
 
@@ -114,13 +115,13 @@ def check_other_options(walk: Walk) -> None:
     run = walk.root / run_folder(walk.out)
     improved(walk, run)
     config = (run / "config.yaml").read_text()
-    assert "harness.optim.sgd" in config and "harness.clip.none" in config
+    assert "_target_: harness.optim.sgd" in config and "_target_: harness.clip.no_clip" in config
 
 
 def sweep_jobs(walk: Walk, count: int) -> None:
     sweeps = sorted((walk.root / "multirun").glob("**/multirun.yaml"), key=lambda p: p.stat().st_mtime)
     folder = sweeps[-1].parent
-    walk.runs["<sweep>"] = folder.relative_to(walk.root)
+    walk.runs["<sweep>"] = folder.relative_to(walk.root / "multirun")  # the README writes multirun/<sweep>
     jobs = [p for p in folder.iterdir() if (p / "summary.json").exists()]
     assert len(jobs) == count, (folder, len(jobs))
     assert all(summary(job)["status"] == "finished" for job in jobs)
@@ -144,29 +145,30 @@ def check_long_horizon(walk: Walk) -> None:
 
 
 def check_report(walk: Walk) -> None:
-    folder = walk.root / walk.runs["<sweep>"]
+    folder = walk.root / "multirun" / walk.runs["<sweep>"]
     assert list(folder.glob("report*.png")) and list(folder.glob("report*.csv")), sorted(folder.iterdir())
 
 
 def check_render(walk: Walk) -> None:
-    render = walk.root / walk.runs["<time>"] / "render"
+    render = walk.root / "outputs" / "cartpole" / walk.runs["<time>"] / "render"
     for name in ("rollout.mp4", "rollout.png", "before.json", "after.json"):
         assert (render / name).stat().st_size > 0, name
 
 
 def check_policy(walk: Walk) -> None:
-    walk.runs["<policy time>"] = run_folder(walk.out)
-    s = summary(walk.root / walk.runs["<policy time>"])
+    run = run_folder(walk.out)
+    walk.runs["<policy time>"] = Path(run.name)
+    s = summary(walk.root / run)
     assert s["status"] == "finished"
 
 
 def check_evaluate_forces(walk: Walk) -> None:
-    report = json.loads((walk.root / walk.runs["<time>"] / "eval.json").read_text())
+    report = json.loads((walk.root / "outputs" / "cartpole" / walk.runs["<time>"] / "eval.json").read_text())
     assert report["env"]["seed"] == 7 and report["task"] == "open_loop"
 
 
 def check_evaluate_policy(walk: Walk) -> None:
-    report = json.loads((walk.root / walk.runs["<policy time>"] / "eval.json").read_text())
+    report = json.loads((walk.root / "outputs" / "cartpole" / walk.runs["<policy time>"] / "eval.json").read_text())
     env = report["env"]
     assert (env["seed"], env["world_count"], env["horizon"]) == (7, 64, 1920)
     assert "upright_fraction" in report["figures"]
@@ -216,9 +218,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", type=Path, help="clone into this (new) folder and keep it")
     parser.add_argument("--list", action="store_true", help="list the commands and their checks, run nothing")
+    parser.add_argument(
+        "--only", metavar="PATTERN", help="run only the commands that match this regular expression (and make train)"
+    )
     args = parser.parse_args()
     commands = readme_commands((ROOT / "README.md").read_text())
     checks = [check_for(c) for c in commands]
+    if args.only:  # make train stays: it makes the environment the others run in
+        keep = [i for i, c in enumerate(commands) if i == 0 or re.search(args.only, c.line)]
+        commands, checks = [commands[i] for i in keep], [checks[i] for i in keep]
     if args.list:
         for command, check in zip(commands, checks, strict=True):
             print(f"{check.__name__:<22} {command.line}")
