@@ -25,8 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from harness.events import figure_rgb
-
 __all__ = [
     "Frames",
     "Scene",
@@ -288,6 +286,8 @@ def draw_video(
     from matplotlib.colors import to_rgb
     from matplotlib.figure import Figure
     from matplotlib.patches import Polygon
+
+    from harness.events import figure_rgb
 
     xlim, ylim = scene.fit(runs)
     rows, cols, scale = _layout(xlim, ylim, len(runs))

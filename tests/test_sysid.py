@@ -75,8 +75,9 @@ def test_sysid_recovers_masses_perturbed_by_30_percent_within_2_percent(tmp_path
     assert error.max() < 0.02, fitted
     # The end of the run shows the fit: start values, fitted values, and the recording's truth.
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("pole_masses: ")]
-    truth = "[0.175, 0.325]" if shared == "true" else "[0.175, 0.325, 0.175, 0.325]"
-    start = "[0.25, 0.25]" if shared == "true" else "[0.25, 0.25, 0.25, 0.25]"
+    copies = 1 if shared == "true" else 2  # one shared value, or one per world of the recording
+    truth = "[" + ", ".join(f"{m:g}" for m in masses * copies) + "]"
+    start = "[" + ", ".join(["0.25"] * 2 * copies) + "]"
     shown = "[" + ", ".join(f"{v:.5g}" for v in fitted.ravel()) + "]"
     assert line == f"pole_masses: start {start} -> fitted {shown} (truth {truth})"
     acc = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0})

@@ -120,7 +120,7 @@ def _number(value: float) -> str:
 def main(args: list[str]) -> None:
     """``evaluate RUN_DIR [env.<field>=V ...] [checkpoint=PATH] [out=PATH] [device=NAME]``: eval.json and a table."""
     from harness import init_warp
-    from harness.runs import RunError
+    from harness.runs import RunError, RunFolder
 
     try:
         run_dir, options, overrides = run_folder_argument(args, "evaluate", OPTIONS)
@@ -133,6 +133,10 @@ def main(args: list[str]) -> None:
                 f"evaluate: '{key}' cannot be set here; accepted: env.<field>=VALUE, "
                 + ", ".join(f"{o}=..." for o in OPTIONS)
             )
+    try:
+        RunFolder(run_dir, "evaluate")  # a folder that holds no run is refused before Warp starts
+    except RunError as exc:
+        fail(exc)
     init_warp()
     try:
         report = evaluate_run(run_dir, overrides, **options)

@@ -130,8 +130,7 @@ def render_run(
 def main(args: list[str]) -> None:
     """``render RUN_DIR [checkpoint=PATH] [fps=N] [speed=X | frames=N]``: video, plots and Newton recordings."""
     from harness import init_warp
-    from harness.runs import RunError
-    from harness.video import MAX_FRAMES, RUN_COLOURS, speed_text
+    from harness.runs import RunError, RunFolder
 
     accepted = "checkpoint=PATH, fps=N, speed=X, frames=N"
     try:
@@ -159,11 +158,17 @@ def main(args: list[str]) -> None:
             numbers["speed"] = 0.0
         if not 0 < numbers["speed"] < float("inf"):
             fail(f"render: speed must be a number > 0 (1: real time, 0.25: slow motion), got {options['speed']}")
+    try:
+        RunFolder(run_dir, "render")  # a folder that holds no run is refused before Warp starts
+    except RunError as exc:
+        fail(exc)
     init_warp()
     try:
         written = render_run(run_dir, checkpoint=options.get("checkpoint"), **numbers)
     except RunError as exc:
         fail(exc)
+    from harness.video import MAX_FRAMES, RUN_COLOURS, speed_text
+
     where = "left of" if written["layout"] == "side by side" else "above"
     print(
         f"video: {written['video']}: {written['seconds']:.3g} s simulated, "
