@@ -598,6 +598,8 @@ def hparams(cfg: DictConfig, hydra_cfg: Any) -> dict[str, bool | int | float | s
         value = OmegaConf.select(cfg, key, default=None)
         if isinstance(value, float) and not math.isfinite(value):
             value = str(value)  # HParams stores numbers as finite doubles; "inf" stays readable
+        elif key.rsplit(".", 1)[-1] == "seed" and isinstance(value, int):
+            value = str(value)  # a replicate's name, not a quantity: "3" (HParams prints a number as "3.0000")
         if isinstance(value, bool | int | float | str):
             values[key] = value
     return values

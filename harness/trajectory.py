@@ -16,7 +16,7 @@ experiments), ``A`` the env's action width:
                       entry (0 for a clean recording; informational)
 ``excitation``        how ``controls`` were made (text; informational)
 ``quantities/<name>`` the true values of the env's quantities while recording (informational:
-                      a fit never reads them; tests compare with them)
+                      a fit never reads them; its last line shows them beside the fitted values)
 
 Every array except the informational ones is checked when a run loads a file, with a
 one-line refusal naming the file and what does not fit.
@@ -24,6 +24,7 @@ one-line refusal naming the file and what does not fit.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zipfile
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ class Reference:
     observed: dict[str, np.ndarray]
     initial: dict[str, np.ndarray]
     noise_std: float = 0.0
+    quantities: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    """The true values the file says it was recorded with (``quantities/<name>``; informational)."""
 
     @property
     def steps(self) -> int:
@@ -179,4 +182,9 @@ def load_reference(
         noise_std=float(np.asarray(arrays.get("noise_std", 0.0), dtype=np.float64).ravel()[0])
         if np.size(arrays.get("noise_std", 0.0)) == 1
         else 0.0,
+        quantities={
+            key[len("quantities/") :]: value.astype(np.float64)
+            for key, value in arrays.items()
+            if key.startswith("quantities/") and np.issubdtype(value.dtype, np.number)
+        },
     )

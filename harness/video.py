@@ -181,15 +181,16 @@ class Scene:
         self.across = 0 if self.up != 0 else 1  # horizontal axis, chosen by :meth:`fit`
         self.targets: np.ndarray | None = None  # (n, 3) points drawn as crosses
 
-    def world_points(self, frames: Frames, k: int) -> tuple[list[np.ndarray], np.ndarray | None]:
-        """Shape point clouds and particle positions of frame ``k``, in world coordinates."""
+    def world_points(self, frames: Frames, k: int) -> tuple[list[tuple[int, np.ndarray]], np.ndarray | None]:
+        """Shape point clouds (each with its body, -1 for a static shape) and particle positions
+        of frame ``k``, in world coordinates."""
         clouds = []
         for body, points in self.shapes:
             if body < 0:
-                clouds.append(points)
+                clouds.append((body, points))
             elif frames.body_q is not None:
                 q = frames.body_q[k, body]
-                clouds.append(_rotate(np.asarray(q[3:7], dtype=float), points) + q[:3])
+                clouds.append((body, _rotate(np.asarray(q[3:7], dtype=float), points) + q[:3]))
         particles = frames.particle_q[k] if frames.particle_q is not None else None
         return clouds, particles
 
@@ -199,7 +200,7 @@ class Scene:
         for frames in runs:
             for k in range(len(frames.steps)):
                 clouds, particles = self.world_points(frames, k)
-                everything += clouds
+                everything += [cloud for _, cloud in clouds]
                 if particles is not None:
                     everything.append(particles)
         if self.targets is not None:
@@ -334,8 +335,7 @@ def draw_video(
                     ax.scatter(scene.targets[:, scene.across], scene.targets[:, scene.up], marker="x", s=60,
                                color="tab:green", zorder=4, label="target")  # fmt: skip
                 clouds, particles = scene.world_points(frames, k)
-                bodies = [b for b, _ in scene.shapes if b < 0 or frames.body_q is not None]  # as world_points
-                for body, cloud in zip(bodies, clouds, strict=True):
+                for body, cloud in clouds:
                     outline = _hull(cloud[:, [scene.across, scene.up]])
                     if len(outline) < 3:
                         continue

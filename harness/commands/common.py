@@ -13,7 +13,7 @@ import io
 import re
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -26,10 +26,9 @@ __all__ = [
     "HYDRA_INFO_VALUES",
     "HYDRA_INSPECT_FLAGS",
     "HYDRA_VALUE_FLAGS",
+    "collector_paused",
     "dirname_overrides",
     "fail",
-    "pause_collector",
-    "resume_collector",
     "run_dir_override",
     "run_hydra",
     "split_hydra_flags",
@@ -116,23 +115,23 @@ def dirname_overrides(args: list[str]) -> list[str]:
     return ["hydra.job.config.override_dirname.exclude_keys=[" + ",".join(f"'{k}'" for k in keys) + "]"]
 
 
-def pause_collector() -> bool:
-    """Pause Python's cyclic garbage collector while the command line's check imports Newton and
-    the env's modules and builds the env: what that allocates (modules, kernels, the model)
-    lives as long as the process, and every collection in between would walk all of it again
-    (about a third of Newton's import time, docs/startup.md). Returns whether it was running."""
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a command imports Newton and the env's
+    modules and builds the env: what that allocates (modules, kernels, the model) lives as
+    long as the process, and every collection in between would walk all of it again (about a
+    third of Newton's import time, docs/startup.md). On the way out every object alive is
+    moved into the collector's permanent generation (``gc.freeze()``: no later collection
+    walks them, nor the one at exit) and the collector runs again; nothing changes when it was
+    not running."""
     running = gc.isenabled()
     gc.disable()
-    return running
-
-
-def resume_collector(paused: bool) -> None:
-    """End :func:`pause_collector`'s pause: move every object alive now into the collector's
-    permanent generation (``gc.freeze()``: no later collection walks them, nor the one at
-    exit) and run the collector again. Nothing when ``paused`` is False (it was not running)."""
-    if paused:
-        gc.freeze()
-        gc.enable()
+    try:
+        yield
+    finally:
+        if running:
+            gc.freeze()
+            gc.enable()
 
 
 def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: list[str]) -> None:
@@ -151,16 +150,14 @@ def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: 
         from harness import build
 
         multirun = [f for f in flags if f in ("-m", "--multirun")]
-        paused = pause_collector()
-        try:
-            resume_folder = build.precheck(config_name, [*multirun, *overrides])
-        except config.ConfigError as exc:
-            fail(exc)
-        except KeyboardInterrupt:  # e.g. while the env is built: no folder exists yet
-            print("interrupted before training started; nothing was written", file=sys.stderr)
-            sys.exit(130)
-        finally:
-            resume_collector(paused)
+        with collector_paused():
+            try:
+                resume_folder = build.precheck(config_name, [*multirun, *overrides])
+            except config.ConfigError as exc:
+                fail(exc)
+            except KeyboardInterrupt:  # e.g. while the env is built: no folder exists yet
+                print("interrupted before training started; nothing was written", file=sys.stderr)
+                sys.exit(130)
         if resume_folder is not None and not any(a.startswith("hydra.run.dir=") for a in overrides):
             overrides = [*overrides, run_dir_override(resume_folder)]  # continue in the checkpoint's folder
     try:
@@ -192,7 +189,9 @@ def user_help(text: str) -> str:
     """Hydra's ``--help`` text without the config groups a user never picks: ``base`` (what
     every clip and schedule option shares) and the nested ones (``optim/task``, ``optim/env``,
     ``schedule/task``), which a task or an env chooses from its own config."""
-    return "".join(line for line in text.splitlines(keepends=True) if not re.match(r"(base|[\w.-]+/[\w./-]+): ", line))
+    head, sep, rest = text.partition("== Config ==")  # the groups are listed above the config
+    shown = (line for line in head.splitlines(keepends=True) if not re.match(r"(base|[\w.-]+/[\w./-]+): ", line))
+    return "".join(shown) + sep + rest
 
 
 def run_folder_argument(

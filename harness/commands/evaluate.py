@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.commands.common import fail, pause_collector, resume_collector, run_folder_argument
+from harness.commands.common import collector_paused, fail, run_folder_argument
 
 __all__ = ["evaluate_run", "format_table", "main"]
 
@@ -44,19 +44,17 @@ def evaluate_run(
         harness.runs.RunError: One line: not a run folder, no checkpoint, a config the overrides
             break, shapes the overrides change, an output path that cannot be written.
     """
-    from harness.build import trained_run
     from harness.runs import RunError, RunFolder, write_json
+
+    folder = RunFolder(run_dir, "evaluate")  # a folder without a run is refused before Warp is imported
+    from harness.build import trained_run
     from harness.tasks import rollout
 
-    folder = RunFolder(run_dir, "evaluate")
     target = Path(out) if out else Path(run_dir) / "eval.json"
     if target.is_dir() or not target.parent.is_dir():
         raise RunError(f"out: '{target}' is not a file in an existing folder; accepted: out=<folder>/<name>.json")
-    paused = pause_collector()  # Newton's import and the env's build: docs/startup.md
-    try:
+    with collector_paused():  # Newton's import and the env's build: docs/startup.md
         trained = trained_run(folder, list(overrides), checkpoint_name=checkpoint, device=device)
-    finally:
-        resume_collector(paused)
     step, env, loss = trained.trainer.step, trained.run.env, trained.run.loss
     with step.at_eval_params():
         loss.zero()
@@ -119,8 +117,7 @@ def _number(value: float) -> str:
 
 def main(args: list[str]) -> None:
     """``evaluate RUN_DIR [env.<field>=V ...] [checkpoint=PATH] [out=PATH] [device=NAME]``: eval.json and a table."""
-    from harness import init_warp
-    from harness.runs import RunError, RunFolder
+    from harness.runs import RunError
 
     try:
         run_dir, options, overrides = run_folder_argument(args, "evaluate", OPTIONS)
@@ -133,11 +130,6 @@ def main(args: list[str]) -> None:
                 f"evaluate: '{key}' cannot be set here; accepted: env.<field>=VALUE, "
                 + ", ".join(f"{o}=..." for o in OPTIONS)
             )
-    try:
-        RunFolder(run_dir, "evaluate")  # a folder that holds no run is refused before Warp starts
-    except RunError as exc:
-        fail(exc)
-    init_warp()
     try:
         report = evaluate_run(run_dir, overrides, **options)
     except RunError as exc:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.commands.common import fail, pause_collector, resume_collector
+from harness.commands.common import collector_paused, fail
 
 __all__ = ["main", "record_trajectory"]
 
@@ -157,13 +157,11 @@ def main(args: list[str]) -> None:
         fail("record: choose the env, e.g. python -m harness record +env=cartpole out=traj.npz")
     init_warp()
     out = Path(options["out"]) if "out" in options else None
-    paused = pause_collector()  # Newton's import and the env's build: docs/startup.md
     try:
-        written = record_trajectory(overrides, out, **numbers)
+        with collector_paused():  # Newton's import and the env's build: docs/startup.md
+            written = record_trajectory(overrides, out, **numbers)
     except TrajectoryFileError as exc:
         fail(exc)
-    finally:
-        resume_collector(paused)
     quantities = ", ".join(f"{k}={np.round(np.asarray(v), 4).tolist()}" for k, v in written["quantities"].items())
     print(
         f"trajectory: {written['path']} ({written['steps']} step{'s' * (written['steps'] != 1)} x "

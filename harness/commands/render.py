@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.commands.common import fail, pause_collector, resume_collector, run_folder_argument
+from harness.commands.common import collector_paused, fail, run_folder_argument
 
 __all__ = ["main", "render_run"]
 
@@ -52,12 +52,14 @@ def render_run(
     Raises:
         harness.runs.RunError: One line: not a run folder, no checkpoint, an env that cannot be drawn.
     """
+    from harness.runs import RunError, RunFolder, atomic_output
+
+    folder = RunFolder(run_dir, "render")  # a folder without a run is refused before Warp is imported
     import warp as wp
 
     from harness.build import trained_run
     from harness.env import Renderable
     from harness.plots import draw_plots, per_step_series
-    from harness.runs import RunError, RunFolder, atomic_output
     from harness.video import (
         MAX_FRAMES,
         Scene,
@@ -69,12 +71,8 @@ def render_run(
         write_recording,
     )
 
-    folder = RunFolder(run_dir, "render")
-    paused = pause_collector()  # Newton's import and the env's build: docs/startup.md
-    try:
+    with collector_paused():  # Newton's import and the env's build: docs/startup.md
         trained = trained_run(folder, checkpoint_name=checkpoint, device="cpu", load=False)
-    finally:
-        resume_collector(paused)
     env, step = trained.run.env, trained.trainer.step
     if not isinstance(env, Renderable):
         raise RunError(f"render: env '{env.name}' does not play the role Renderable (no Newton model to draw)")
@@ -129,8 +127,7 @@ def render_run(
 
 def main(args: list[str]) -> None:
     """``render RUN_DIR [checkpoint=PATH] [fps=N] [speed=X | frames=N]``: video, plots and Newton recordings."""
-    from harness import init_warp
-    from harness.runs import RunError, RunFolder
+    from harness.runs import RunError
 
     accepted = "checkpoint=PATH, fps=N, speed=X, frames=N"
     try:
@@ -158,11 +155,6 @@ def main(args: list[str]) -> None:
             numbers["speed"] = 0.0
         if not 0 < numbers["speed"] < float("inf"):
             fail(f"render: speed must be a number > 0 (1: real time, 0.25: slow motion), got {options['speed']}")
-    try:
-        RunFolder(run_dir, "render")  # a folder that holds no run is refused before Warp starts
-    except RunError as exc:
-        fail(exc)
-    init_warp()
     try:
         written = render_run(run_dir, checkpoint=options.get("checkpoint"), **numbers)
     except RunError as exc:

@@ -132,11 +132,8 @@ def fitted_lines(trainer: Any, summary: dict[str, Any]) -> list[str]:
     if not fitted:
         return []
     starts = {spec.name: spec.init for spec in trainer.step.state.params.specs}
-    truth: dict[str, Any] = {}
-    reference = getattr(trainer.step.task, "reference", None)
-    if reference is not None and getattr(reference, "path", None) is not None:
-        with np.load(reference.path, allow_pickle=False) as archive:
-            truth = {k[len("quantities/") :]: archive[k] for k in archive.files if k.startswith("quantities/")}
+    reference = getattr(trainer.step.task, "reference", None)  # task=sysid's recording
+    truth = getattr(reference, "quantities", {})
     lines = []
     for name, value in fitted.items():
         value = np.asarray(value, dtype=np.float64)

@@ -347,11 +347,7 @@ class HParamsRecord(Callback):
 
     def __init__(self, tensorboard: TensorBoardLog, values: dict[str, bool | int | float | str], *, swept: Any = ()):
         self.tensorboard = tensorboard
-        # A seed names a replicate, not a quantity: as text it reads "3" (HParams prints every
-        # number with four decimals, "3.0000").
-        self.values = {
-            k: str(v) if k.rsplit(".", 1)[-1] == "seed" and isinstance(v, int) else v for k, v in values.items()
-        }
+        self.values = values
         self.swept = tuple(swept)
 
     def on_end(self, loop: Loop, summary: dict[str, Any]) -> None:

@@ -276,7 +276,6 @@ class Loop:
                 **values["scalars"],
             },
         )
-        values["iter_s"] = iter_s
         for callback in self.callbacks:
             callback.on_log(self, it, values)
 
