@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from harness import init_warp
+from harness import init_warp, targets
 from harness.config import (
     ConfigError,
     TrainSettings,
@@ -80,12 +80,21 @@ class Run:
 
 
 def _instantiate(cfg: DictConfig | dict, group: str, **kwargs: Any) -> Any:
+    """Build the object of section ``cfg[group]``, after :func:`harness.targets.check_section`
+    has checked every ``_target_`` in it (the section with its interpolations resolved is
+    checked, and that is what is built)."""
     section = cfg[group]
     target = section.get("_target_") if hasattr(section, "get") else None
     if renamed_target(target):
         raise ConfigError(f"{group}._target_: '{target}' was renamed; use {renamed_target(target)}")
+    if isinstance(section, DictConfig):
+        section = OmegaConf.to_container(section, resolve=True)
     try:
-        return hydra.utils.instantiate(cfg[group], _convert_="all", **kwargs)
+        targets.check_section(group, section)
+    except targets.TargetError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        return hydra.utils.instantiate(section, _convert_="all", **kwargs)
     except hydra.errors.InstantiationException as exc:
         cause = exc.__cause__
         if isinstance(cause, ValueError):
@@ -268,6 +277,9 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
             )
         return None
     folder = None if resume is None else check_resume(str(resume), given.get("hydra.run.dir"), cfg, run)
+    from harness import limits  # the run's memory against what is free, before anything is allocated
+
+    limits.check_memory(cfg, run)
     _PREBUILT.clear()
     # a failure while building writes nothing
     _PREBUILT[_env_key(cfg, run)] = build_env(cfg, run.settings.device, run.segment_steps, run.task)
@@ -315,6 +327,21 @@ def check_resume(resume: str, run_dir: Any, cfg: DictConfig, run: Run) -> Path |
         raise ConfigError(str(exc)) from None
     check_saved_config(saved, cfg, path)
     return run_folder
+
+
+def task_class(cfg: DictConfig) -> Any:
+    """The task class ``task._target_`` names, checked to be a :class:`harness.tasks.Task`
+    subclass without calling anything (None when the section has no ``_target_``).
+
+    Raises:
+        ConfigError: One line naming ``task._target_`` and what is accepted.
+    """
+    if "_target_" not in cfg.task:
+        return None
+    try:
+        return targets.resolve("task", cfg.task._target_, "task._target_")
+    except targets.TargetError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def evaluation_config(cfg: DictConfig, task_class: Any = None) -> None:
@@ -400,8 +427,7 @@ def trained_run(
     extra = [f"device={device}"] if device else []
     try:
         cfg, choices, _ = compose_command("train", [*folder.overrides, *overrides, *extra])
-        task_class = hydra.utils.get_class(cfg.task._target_) if "_target_" in cfg.task else None
-        evaluation_config(cfg, task_class)
+        evaluation_config(cfg, task_class(cfg))
         run = build_run(cfg, choices, evaluation=True)
     except (ConfigError, ImportError) as exc:
         raise RunError(f"{command}: {first_line(exc)}") from None
@@ -422,3 +448,28 @@ def trained_run(
     if load:
         trained.load()
     return trained
+
+
+def check_evaluation_memory(folder: Any, overrides: list[str], *, device: str | None = None) -> None:
+    """:func:`harness.limits.check_memory` for the env ``evaluate`` or ``render`` builds from a run folder with
+    ``overrides`` (composed as :func:`harness.build.trained_run` composes it: whole episodes, no
+    segments). A config that does not compose is left to ``trained_run`` to report.
+
+    Raises:
+        harness.runs.RunError: One line: the rollout will not fit.
+    """
+    from harness.config import ConfigError, check_env_fields, compose_command
+    from harness.limits import check_memory
+    from harness.runs import RunError
+
+    extra = [f"device={device}"] if device else []
+    try:
+        cfg, choices, _ = compose_command("train", [*folder.overrides, *overrides, *extra])
+        evaluation_config(cfg, task_class(cfg))
+        run = validate(cfg, choices)
+        env_config = run.task.evaluation_config(check_env_fields(cfg)[1])
+    except (ConfigError, ImportError, ValueError):
+        return
+    check_memory(
+        cfg, run, env_config=env_config, training=False, error=lambda line: RunError(f"{folder.command}: {line}")
+    )

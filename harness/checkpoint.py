@@ -27,6 +27,8 @@ import io
 import json
 import os
 import re
+import stat
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -142,24 +144,71 @@ def set_aside_newer(resumed: Path, iteration: int) -> list[Path]:
     return moved
 
 
-def load(path: Path, *, field: str = "resume") -> Checkpoint:
+def load(path: Path, *, field: str = "resume", limit: int | None = None) -> Checkpoint:
     """Read and verify a checkpoint file; raises :class:`CheckpointError` when unusable
-    (the message starts with ``field``, the setting that named the file)."""
+    (the message starts with ``field``, the setting that named the file).
+
+    The path is checked before it is opened (:func:`harness.files.check_file`: a regular file,
+    at most ``limit`` bytes, by default what the available memory can read whole), then the
+    magic, the length and the checksum, then every array's ``.npy`` header
+    (:func:`harness.files.check_npz`) before any array is read."""
+    from harness import files
+
     path = Path(path)
+    accepted = "auto, a run folder or a checkpoint file written by python -m harness train"
     try:
-        blob = path.read_bytes()
+        size = files.check_file(path, field, limit=limit or files.read_limit(), accepted=accepted)
+        blob = _read_regular(path, size, field)
+    except files.FileCheckError as exc:
+        raise CheckpointError(str(exc)) from None
     except OSError as exc:
         raise CheckpointError(f"{field}: cannot read checkpoint '{path}' ({exc.strerror})") from None
     header = len(MAGIC) + 32
     if len(blob) < header or blob[: len(MAGIC)] != MAGIC:
         raise CheckpointError(f"{field}: '{path}' is not a harness checkpoint (bad header; truncated or foreign file)")
-    digest, payload = blob[len(MAGIC) : header], blob[header:]
+    view = memoryview(blob)
+    digest, payload = view[len(MAGIC) : header], view[header:]
     if hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(f"{field}: checkpoint '{path}' is corrupted (checksum mismatch: truncated or modified)")
-    with np.load(io.BytesIO(payload), allow_pickle=False) as data:
-        meta = json.loads(bytes(data["meta"]).decode())
-        arrays = {k[2:]: data[k].copy() for k in data.files if k.startswith("a/")}
+    try:
+        with zipfile.ZipFile(io.BytesIO(payload)) as archive:
+            members = files.check_npz(archive, field, f"checkpoint '{path}'", limit=len(payload))
+        if "meta" not in members:
+            raise CheckpointError(f"{field}: checkpoint '{path}' has no meta entry (not written by harness)")
+        with np.load(io.BytesIO(payload), allow_pickle=False) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            arrays = {k[2:]: data[k].copy() for k in data.files if k.startswith("a/")}
+    except files.FileCheckError as exc:
+        raise CheckpointError(str(exc)) from None
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, UnicodeDecodeError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(
+            f"{field}: checkpoint '{path}' cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        ) from None
+    if not isinstance(meta, dict) or "iteration" not in meta:
+        raise CheckpointError(f"{field}: checkpoint '{path}' has no iteration in its meta entry")
     return Checkpoint(arrays=arrays, meta=meta, path=path)
+
+
+def _read_regular(path: Path, size: int, field: str) -> bytes:
+    """The bytes of ``path``, ``stat``-ed as a regular file of ``size`` bytes: opened without
+    blocking and checked again on the open descriptor (a path swapped for a FIFO or a device
+    meanwhile is refused), at most ``size`` bytes read (a file that grew is refused)."""
+    from harness import files
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            raise files.FileCheckError(f"{field}: '{path}' changed while it was read")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            blob = handle.read(size + 1)
+    finally:
+        os.close(fd)
+    if len(blob) != size:
+        raise files.FileCheckError(f"{field}: '{path}' changed while it was read")
+    return blob
 
 
 IDENTITY_MEMBERS = ("optimizer", "schedule", "clip")

@@ -68,6 +68,9 @@ class TrainSettings:
         checkpoint_keep: How many of the newest checkpoints to keep.
         resume: None (start fresh), ``auto`` (the newest checkpoint in the run folder, if
             any), or the path of a checkpoint file or run folder.
+        overwrite: A ``hydra.run.dir`` (a sweep: ``hydra.sweep.dir``) that holds a run is
+            emptied and trained into; False: such a folder is refused unless a resume
+            continues it (:func:`harness.runs.claim_run_folder`).
         capture: ``auto`` (capture one iteration into a graph when the device and every
             component allow it, else run eagerly and say why), True (capture or refuse),
             False (every iteration eagerly).
@@ -83,6 +86,7 @@ class TrainSettings:
     checkpoint_every: int = field(0, minimum=0, key="checkpoint.every")
     checkpoint_keep: int = field(3, minimum=1, key="checkpoint.keep")
     resume: str | None = field(None)
+    overwrite: bool = field(False)
     capture: bool | str = field("auto", choices=CAPTURE_MODES)
     plot_every: int | None = field(50, minimum=0)
 
@@ -186,37 +190,19 @@ def check_env_fields(cfg: DictConfig) -> tuple[Any, Any]:
     Returns:
         The env class and its checked config (an instance of the class's ``Config``).
     """
-    from harness.env import Env
+    from harness import targets
     from harness.schema import SchemaError, build
 
     fields = OmegaConf.to_container(cfg.env, resolve=True)
     target = fields.pop("_target_", None)
-    try:
-        env_class = _import_object(str(target))
-    except Exception as exc:
-        cause = f"{type(exc).__name__}: {first_line(exc)}"
-        raise ConfigError(f"env._target_: cannot import '{target}' ({cause})") from None
-    if not (isinstance(env_class, type) and issubclass(env_class, Env)):
-        raise ConfigError(f"env._target_: '{target}' is not a harness.env.Env subclass")
+    try:  # the class is imported and checked, never called here (the env is built from the schema)
+        env_class = targets.resolve("env", target, "env._target_")
+    except targets.TargetError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         return env_class, build(env_class.Config, fields, prefix="env")
     except SchemaError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def _import_object(path: str) -> Any:
-    """The object a dotted path names (``package.module.Class``), imported quietly (Hydra's
-    ``get_class`` logs the failure before raising, which would print more than one line)."""
-    import importlib
-
-    module_name, _, attribute = path.rpartition(".")
-    if not module_name:
-        raise ImportError(f"'{path}' is not a dotted path module.Class")
-    module = importlib.import_module(module_name)
-    try:
-        return getattr(module, attribute)
-    except AttributeError:
-        raise ImportError(f"module '{module_name}' has no attribute '{attribute}'") from None
 
 
 TOP_LEVEL_SECTIONS = (*GROUPS, "memory", "gradcheck")
@@ -366,6 +352,29 @@ def run_name_suffix(overrides: str) -> str:
     return "_" + overrides.replace("/", "-")[:RUN_NAME_CHARS] if overrides else ""
 
 
+_claimed: dict[str, str] = {}  # a default folder name -> the free name this process claimed for it
+
+
+def unique_folder(name: str) -> str:
+    """``${harness.unique:<name>}``: ``name`` if no folder of that name exists, else the first
+    free ``name_2``, ``name_3``, ...; the folder is created here (``mkdir`` without
+    ``exist_ok``: of two processes that start in the same second, exactly one gets each name).
+    The same ``name`` gives the same answer for the rest of the process (Hydra may resolve
+    the run folder's name more than once)."""
+    if name in _claimed:
+        return _claimed[name]
+    Path(name).parent.mkdir(parents=True, exist_ok=True)
+    for k in range(1, 10_000):
+        candidate = name if k == 1 else f"{name}_{k}"
+        try:
+            os.mkdir(candidate)
+        except FileExistsError:
+            continue
+        _claimed[name] = candidate
+        return candidate
+    raise ConfigError(f"hydra.run.dir: 9999 folders named '{name}_*' exist; accepted: another hydra.run.dir")
+
+
 def apply_task_env_defaults(cfg: DictConfig, choices: Mapping[str, Any], overrides: list[str]) -> None:
     """Apply the chosen task's defaults for the chosen env, in place.
 
@@ -440,10 +449,14 @@ def multiply(*factors: int) -> int:
 
 
 def register_resolvers() -> None:
-    """Register the configs' resolvers: ``harness.run_name_suffix`` (``hydra.run.dir``) and
+    """Register the configs' resolvers: ``harness.run_name_suffix`` and ``harness.unique``
+    (:func:`unique_folder`) of ``hydra.run.dir`` and ``hydra.sweep.dir``,
     ``harness.div`` (integer division), ``harness.mul`` (a product)."""
     if not OmegaConf.has_resolver("harness.run_name_suffix"):
         OmegaConf.register_new_resolver("harness.run_name_suffix", run_name_suffix)
+    if not OmegaConf.has_resolver("harness.unique"):
+        # cached: a sweep's jobs (in launcher worker processes too) get the folder the launching process claimed
+        OmegaConf.register_new_resolver("harness.unique", unique_folder, use_cache=True)
     if not OmegaConf.has_resolver("harness.div"):
         OmegaConf.register_new_resolver("harness.div", divide)
     if not OmegaConf.has_resolver("harness.mul"):
@@ -452,9 +465,13 @@ def register_resolvers() -> None:
 
 def compose_config(config_name: str, overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
     """Compose ``configs/<config_name>.yaml`` with overrides, as the CLI would, without a run.
+    The ``hydra.callbacks`` Hydra would build are checked (:func:`check_callbacks`).
 
     Returns:
         The config without its ``hydra`` node, and the chosen option of every config group.
+
+    Raises:
+        ConfigError: One line: a ``hydra.callbacks`` ``_target_`` that is not a Hydra callback.
     """
     from hydra import compose, initialize_config_dir
 
@@ -464,10 +481,28 @@ def compose_config(config_name: str, overrides: list[str]) -> tuple[DictConfig, 
             config_name=config_name, overrides=search_path_overrides(list(overrides)), return_hydra_config=True
         )
     choices = dict(cfg.hydra.runtime.choices)
+    check_callbacks(cfg.hydra.get("callbacks"))
     with open_dict(cfg):
         del cfg["hydra"]
     apply_task_env_defaults(cfg, choices, list(overrides))
     return cfg, choices
+
+
+def check_callbacks(callbacks: DictConfig | None) -> None:
+    """Check ``hydra.callbacks``, which Hydra builds when a run starts: each ``_target_`` a
+    Hydra ``Callback`` subclass (:func:`harness.targets.check_callbacks`).
+
+    Raises:
+        ConfigError: One line naming ``hydra.callbacks.<name>._target_`` and what is accepted.
+    """
+    from harness import targets
+
+    if callbacks is None:
+        return
+    try:
+        targets.check_callbacks(OmegaConf.to_container(callbacks, resolve=False))
+    except targets.TargetError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def compose_command(
@@ -502,7 +537,17 @@ def compose_command(
     return cfg, choices, parsed
 
 
-RESUME_MAY_CHANGE = ("iterations", "log_every", "plot_every", "checkpoint", "device", "capture", "resume", "memory")
+RESUME_MAY_CHANGE = (
+    "iterations",
+    "log_every",
+    "plot_every",
+    "checkpoint",
+    "device",
+    "capture",
+    "resume",
+    "overwrite",
+    "memory",
+)
 """Top-level config keys a resumed run may change; everything else must match the checkpoint."""
 
 

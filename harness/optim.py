@@ -50,6 +50,7 @@ __all__ = [
     "adamw_schedulefree",
     "build",
     "load_state",
+    "register_optimizer",
     "save_state",
     "sgd",
     "sgd_schedulefree",
@@ -956,7 +957,36 @@ OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {
     "sgd_schedulefree": sgd_schedulefree,
     "adamw_schedulefree": adamw_schedulefree,
 }
-"""Factories by option name; the same names as the files of ``configs/optim/``."""
+"""Factories by option name; the same names as the files of ``configs/optim/``, and those
+:func:`register_optimizer` adds. A config's ``optim._target_`` must name one of these factories
+(:mod:`harness.targets` checks it before anything is called)."""
+
+
+def _path(factory: Callable[..., Any]) -> str:
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', '?')}"
+
+
+def register_optimizer(factory: Callable[..., Optimizer]) -> Callable[..., Optimizer]:
+    """Accept ``factory`` as an ``optim._target_`` (and as :func:`build`'s ``name``) under its
+    ``__name__``; returns it, so it can decorate the factory.
+
+    A module of your own calls it when imported (``@register_optimizer`` above ``def
+    lion(...)``); a config then names the factory by its dotted path, ``_target_:
+    my_module.lion``, and the check imports ``my_module`` before it looks the factory up.
+
+    Raises:
+        ValueError: ``factory`` is not callable, or a factory of another path holds its name.
+    """
+    name = getattr(factory, "__name__", None)
+    if not callable(factory) or not isinstance(name, str):
+        raise ValueError(f"register_optimizer: expected a function that returns an Optimizer, got {factory!r}")
+    held = OPTIMIZERS.get(name)
+    if held is not None and _path(held) != _path(factory):  # the same path again: its module was reloaded
+        raise ValueError(
+            f"register_optimizer: the name '{name}' is taken by {_path(held)}; accepted: a factory with another name"
+        )
+    OPTIMIZERS[name] = factory
+    return factory
 
 
 def build(name: str, **hyperparameters: Any) -> Optimizer:

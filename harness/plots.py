@@ -3,7 +3,8 @@ one panel per component, a reference run dashed and the current one solid.
 
 :class:`SeriesFigure` is drawn on a worker thread for TensorBoard's ``loss/rollout``
 (:class:`harness.training.callbacks.RolloutPlotLog`) and saved as ``render/rollout.png`` by
-``python -m harness render`` (:func:`draw_plots`).
+``python -m harness render`` (:func:`draw_plots`, written under a temporary name and renamed:
+:func:`harness.runs.atomic_output`).
 """
 
 from __future__ import annotations
@@ -143,10 +144,16 @@ def draw_plots(
 
     Returns:
         The panel titles, in order (none, and no file, without per-step series).
+
+    Raises:
+        harness.runs.OutputError: One line: ``path`` cannot be written.
     """
+    from harness.runs import atomic_output
+
     figure = SeriesFigure(after, dt, names)
     if figure.figure is None:
         return []
     figure.draw(before, after, (labels[0], labels[1]))
-    figure.figure.savefig(path)
+    with atomic_output(path) as tmp:  # a killed command leaves the previous file as it was
+        figure.figure.savefig(tmp)
     return figure.titles

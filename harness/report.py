@@ -2,8 +2,10 @@
 
 Reads every job folder of a sweep (the folders holding ``.hydra/overrides.yaml``): the
 overrides that differ between jobs are the swept values; ``summary.json`` gives the
-outcome; the TensorBoard events give the loss curve. Works on a sweep that is still
-running or where jobs failed: such rows say ``unfinished`` or ``failed``.
+outcome; the TensorBoard events give the loss curve. Every job is listed with its status
+(:data:`STATUSES`), whatever state its folder is in: a sweep that is still running, jobs
+that failed, diverged or were killed, jobs without events or with nan/inf curves, every job
+failed. A line counts the jobs of each status and those without a loss curve.
 
 Writes ``report.csv`` and ``report.png`` into the sweep folder and returns the table as
 text, sorted by final loss. ``seed`` is treated as replicates: when it is swept, a second
@@ -18,8 +20,9 @@ smallest to the largest seed (which, unlike mean +- std, stays within a log axis
 one legend below the three panels (:func:`report_figure`).
 
 A job stopped by SIGINT/SIGTERM (a scheduler's pre-emption) is ``interrupted``, with the
-iterations it completed. A finished job is marked ``diverged`` when its final loss is not
-finite or above ``DIVERGED_FACTOR`` times its initial loss, or when any step had
+iterations it completed. A job is ``diverged`` when its summary says so (training stopped
+at a divergence: the iteration and what diverged), or when it finished with a final loss
+that is not finite or above ``DIVERGED_FACTOR`` times its initial loss, or any step had
 non-finite gradients.
 """
 
@@ -37,10 +40,20 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from harness import tags
-from harness.runs import atomic_output
+from harness.runs import OutputError, atomic_output
 
 DIVERGED_FACTOR = 2.0
 """A finished job whose final loss exceeds this multiple of its initial loss diverged."""
+
+STATUSES = ("finished", "diverged", "interrupted", "unfinished", "failed")
+"""A job's status, in the order the table lists them: ``finished`` (``summary.json`` written
+at the end), ``diverged`` (see the module docstring), ``interrupted`` (SIGINT/SIGTERM after a
+checkpoint), ``unfinished`` (no ``summary.json``: still running, or killed), ``failed`` (the
+summary says so, with the error, or it cannot be read). A summary with another status is
+listed with that status, after these."""
+
+NO_SUMMARY = "no summary.json: running or killed"
+"""The detail of an ``unfinished`` job."""
 
 
 class ReportError(ValueError):
@@ -62,62 +75,108 @@ class JobRow:
     error: str = ""
     curve: tuple[list[int], list[float]] = ((), ())
     norm_pre_median: float = math.nan
+    curve_note: str = ""
+    """Why the job has no loss curve (no event file, no loss in its events, unreadable events)."""
 
 
-def _overrides(job: Path) -> dict[str, str]:
-    lines = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
-    parsed = OverridesParser.create().parse_overrides(lines)
+def _overrides(job: Path) -> dict[str, str] | None:
+    """The job's command-line overrides by key; None when ``.hydra/overrides.yaml`` cannot be read."""
+    try:
+        lines = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
+        parsed = OverridesParser.create().parse_overrides([str(line) for line in lines])
+    except Exception:  # a damaged file (a yaml, a parser or an OS error): the row says so
+        return None
     return {o.key_or_group: o.value() if isinstance(o.value(), str) else str(o.value()) for o in parsed}
 
 
-def _curves(job: Path) -> tuple[tuple[list[int], list[float]], float]:
-    """The loss curve and the median pre-clip gradient norm, from the job's TensorBoard events."""
+def _curves(job: Path) -> tuple[tuple[list[int], list[float]], float, str]:
+    """The loss curve, the median pre-clip gradient norm (of its finite values) and, when there
+    is no curve, why, from the job's TensorBoard events."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not list(job.glob("events.out.tfevents.*")):
-        return ([], []), math.nan
-    acc = EventAccumulator(str(job), size_guidance={"scalars": 0})
-    acc.Reload()
-    found = acc.Tags().get("scalars", [])
-    curve: tuple[list[int], list[float]] = ([], [])
-    if tags.LOSS_TOTAL in found:
-        events = acc.Scalars(tags.LOSS_TOTAL)
-        curve = ([e.step for e in events], [e.value for e in events])
-    # grad/norm_pre: the tag's name in runs made before the tag groups were renamed
-    norm_tag = next((t for t in (tags.optim(tags.GRAD_NORM_PRE), "grad/norm_pre") if t in found), None)
-    norms = [e.value for e in acc.Scalars(norm_tag)] if norm_tag else []
-    return curve, float(np.median(norms)) if norms else math.nan
+        return ([], []), math.nan, "no event file"
+    try:
+        acc = EventAccumulator(str(job), size_guidance={"scalars": 0})
+        acc.Reload()
+        found = acc.Tags().get("scalars", [])
+        curve: tuple[list[int], list[float]] = ([], [])
+        if tags.LOSS_TOTAL in found:
+            events = acc.Scalars(tags.LOSS_TOTAL)
+            curve = ([e.step for e in events], [e.value for e in events])
+        # grad/norm_pre: the tag's name in runs made before the tag groups were renamed
+        norm_tag = next((t for t in (tags.optim(tags.GRAD_NORM_PRE), "grad/norm_pre") if t in found), None)
+        norms = [e.value for e in acc.Scalars(norm_tag)] if norm_tag else []
+    except Exception as exc:  # a damaged event file: TensorBoard's reader raises many kinds
+        return ([], []), math.nan, f"events unreadable ({type(exc).__name__})"
+    norms = [v for v in norms if math.isfinite(v)]
+    return curve, float(np.median(norms)) if norms else math.nan, "" if curve[0] else "no loss in the events"
+
+
+def _number(summary: dict[str, Any], key: str) -> float:
+    """``summary[key]`` as a float; nan when missing or not a number."""
+    try:
+        return float(summary[key])
+    except (KeyError, TypeError, ValueError):
+        return math.nan
 
 
 def _read_job(job: Path) -> JobRow:
-    curve, norm = _curves(job)
-    row = JobRow(folder=job, overrides=_overrides(job), status="unfinished", curve=curve, norm_pre_median=norm)
+    curve, norm, note = _curves(job)
+    overrides = _overrides(job)
+    row = JobRow(
+        folder=job,
+        overrides=overrides or {},
+        status="unfinished",
+        error=NO_SUMMARY,
+        curve=curve,
+        norm_pre_median=norm,
+        curve_note=note,
+    )
+    if overrides is None:
+        row.status, row.error = "failed", ".hydra/overrides.yaml is unreadable"
+        return row
     summary_path = job / "summary.json"
     if not summary_path.exists():
         return row
     try:
         summary = json.loads(summary_path.read_text())
-    except json.JSONDecodeError:
+        if not isinstance(summary, dict):
+            raise ValueError("not an object")
+    except (OSError, ValueError, UnicodeDecodeError):
         row.status, row.error = "failed", "summary.json is unreadable"
         return row
-    if summary.get("status") == "failed":
-        row.status, row.error = "failed", str(summary.get("error", ""))
+    status = str(summary.get("status", "finished"))
+    row.error = ""
+    if status == "failed":
+        row.status, row.error = "failed", str(summary.get("error", "")) or "no error given"
         return row
-    row.final_loss = float(summary["final_loss"])
-    row.best_loss = float(summary["best_loss"])
-    done = summary.get("iterations_done", summary["iterations"])
-    row.clipped_fraction = summary["clipped_steps"] / max(done, 1)
-    row.nonfinite_steps = float(summary["nonfinite_steps"])
-    row.wall_time_s = float(summary["wall_time_s"])
-    initial = float(summary["initial_loss"])
+    row.final_loss = _number(summary, "final_loss")
+    row.best_loss = _number(summary, "best_loss")
+    row.nonfinite_steps = _number(summary, "nonfinite_steps")
+    row.wall_time_s = _number(summary, "wall_time_s")
+    total = _number(summary, "iterations")
+    done = _number(summary, "iterations_done")
+    done = total if math.isnan(done) else done
+    row.clipped_fraction = _number(summary, "clipped_steps") / max(done, 1) if math.isfinite(done) else math.nan
+    initial = _number(summary, "initial_loss")
     diverged = (
         not math.isfinite(row.final_loss) or row.final_loss > DIVERGED_FACTOR * initial or row.nonfinite_steps > 0
     )
-    if summary.get("status") == "interrupted":
+    if status == "interrupted":
         row.status = "interrupted"
-        row.error = f"{summary.get('signal', 'signal')} after {done} of {summary['iterations']} iterations"
-    else:
+        row.error = f"{summary.get('signal', 'signal')} after {_fmt(done, '.0f')} of {_fmt(total, '.0f')} iterations"
+    elif status == "diverged":  # training stopped at the divergence
+        where = summary.get("diverged")
+        where = where if isinstance(where, dict) else {}
+        at = where.get("iteration")
+        what = where.get("what")
+        row.status = "diverged"
+        row.error = ", ".join(x for x in (f"at iteration {at}" if at is not None else "", str(what or "")) if x)
+    elif status == "finished":
         row.status = "diverged" if diverged else "finished"
+    else:
+        row.status = status
     return row
 
 
@@ -135,18 +194,40 @@ def collect(sweep_dir: Path) -> tuple[list[JobRow], list[str]]:
         raise ReportError(f"report: '{sweep_dir}' holds no Hydra job folders (no */.hydra/overrides.yaml)")
     rows = [_read_job(job) for job in jobs]
     keys = sorted({k for row in rows for k in row.overrides})
-    swept = [k for k in keys if len({row.overrides.get(k) for row in rows}) > 1] or keys
+    # A key is swept when the jobs that have it differ in it (a job without a key, e.g. one
+    # whose overrides could not be read, makes no key swept).
+    swept = [k for k in keys if len({row.overrides[k] for row in rows if k in row.overrides}) > 1] or keys
     return rows, swept
 
 
-def _sort_key(row: JobRow) -> tuple[int, float]:
-    rank = {"finished": 0, "diverged": 1, "interrupted": 2, "unfinished": 3, "failed": 4}[row.status]
+def _sort_key(row: JobRow) -> tuple[int, float, str]:
+    rank = STATUSES.index(row.status) if row.status in STATUSES else len(STATUSES)
     loss = row.final_loss if math.isfinite(row.final_loss) else math.inf
-    return (rank, loss)
+    return (rank, loss, str(row.folder))
+
+
+def counts_line(rows: list[JobRow]) -> str:
+    """``jobs: 12 (9 finished, 1 diverged, 2 failed); 3 without a loss curve``."""
+    statuses = [*STATUSES, *sorted({r.status for r in rows} - set(STATUSES))]
+    counts = [f"{n} {status}" for status in statuses if (n := sum(r.status == status for r in rows))]
+    line = f"jobs: {len(rows)} ({', '.join(counts)})"
+    without = sum(not r.curve[0] for r in rows)
+    return line + (f"; {without} without a loss curve" if without else "")
+
+
+def _status_text(row: JobRow) -> str:
+    """The table's status cell: the status, its detail, and why there is no loss curve."""
+    text = row.status + (f" ({row.error})" if row.error else "")
+    return text + (f"; {row.curve_note}" if row.curve_note and row.status != "unfinished" else "")
 
 
 def _fmt(value: float, spec: str) -> str:
     return "-" if math.isnan(value) else format(value, spec)
+
+
+def _cell(value: str) -> str:
+    """A swept value in the printed table; ``-`` where the job has none."""
+    return value if value else "-"
 
 
 REPLICATE_KEY = "seed"
@@ -237,20 +318,20 @@ def report_sweep(sweep_dir: Path) -> str:
     header = [*swept, "final_loss", "best_loss", "clipped", "nonfinite", "wall_s", "status"]
     table = [
         [
-            *(row.overrides.get(k, "") for k in swept),
+            *(_cell(row.overrides.get(k, "")) for k in swept),
             _fmt(row.final_loss, ".6g"),
             _fmt(row.best_loss, ".6g"),
             _fmt(100 * row.clipped_fraction, ".0f") + ("%" if math.isfinite(row.clipped_fraction) else ""),
             _fmt(row.nonfinite_steps, ".0f"),
             _fmt(row.wall_time_s, ".1f"),
-            row.status + (f" ({row.error})" if row.error else ""),
+            _status_text(row),
         ]
         for row in rows
     ]
     with atomic_output(sweep_dir / "report.csv") as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         columns = ["final_loss", "best_loss", "clipped_fraction", "nonfinite_steps", "wall_time_s", "status"]
-        writer.writerow([*swept, *columns, "error", "folder"])
+        writer.writerow([*swept, *columns, "error", "curve_points", "folder"])
         for row in rows:
             writer.writerow(
                 [
@@ -262,19 +343,26 @@ def report_sweep(sweep_dir: Path) -> str:
                     row.wall_time_s,
                     row.status,
                     row.error,
+                    len(row.curve[0]),
                     str(row.folder.relative_to(sweep_dir)),
                 ]
             )
     keys, groups = aggregate(rows, swept)
-    _plot(rows, swept, keys, groups, sweep_dir / "report.png")
     lines = _columns(header, table)
     written = [sweep_dir / "report.csv"]
     if REPLICATE_KEY in swept:
         lines += ["", f"per value, over {REPLICATE_KEY}s (mean and standard deviation of the finished ones):"]
         lines += _by_value_table(keys, groups, sweep_dir)
         written.append(sweep_dir / "report_by_value.csv")
-    written.append(sweep_dir / "report.png")
-    lines.append(f"({len(rows)} jobs; wrote {', '.join(str(w) for w in written)})")
+    lines.append(counts_line(rows))
+    try:
+        _plot(rows, swept, keys, groups, sweep_dir / "report.png")
+        written.append(sweep_dir / "report.png")
+    except OutputError:
+        raise
+    except Exception as exc:  # the tables stand without the picture; say why it is missing
+        lines.append(f"report.png not drawn ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+    lines.append(f"wrote {', '.join(str(w) for w in written)}")
     return "\n".join(lines)
 
 
@@ -303,6 +391,19 @@ def _spread(values: list[float], mean: float) -> tuple[float, float]:
     if not values or not math.isfinite(mean):
         return 0.0, 0.0
     return max(mean - min(values), 0.0), max(max(values) - mean, 0.0)
+
+
+def _curves_title(rows: list[JobRow], gaps: int) -> str:
+    """``loss curves of 9 of 12 jobs; none for 3: 2 failed, 1 unfinished``."""
+    without = [row for row in rows if not row.curve[0]]
+    title = f"loss curves of {len(rows) - len(without)} of {len(rows)} jobs"
+    if without:
+        statuses = [*STATUSES, *sorted({r.status for r in without} - set(STATUSES))]
+        counts = [f"{n} {status}" for status in statuses if (n := sum(r.status == status for r in without))]
+        title += f"; none for {len(without)}: {', '.join(counts)}"
+    if gaps:
+        title += f"; {gaps} with nan/inf values (gaps)"
+    return title
 
 
 def report_figure(rows: list[JobRow], swept: list[str], keys: list[str], groups: list[GroupRow]) -> Any:
@@ -340,12 +441,26 @@ def report_figure(rows: list[JobRow], swept: list[str], keys: list[str], groups:
         return palette(i / max(len(firsts) - 1, 1)) if len(firsts) > 10 else palette(i % 10)
 
     styles = ["-", "--", ":", "-."]
+    gaps = 0  # curves with nan/inf points: drawn with a gap there
     for row in rows:
         steps, values = row.curve
         if steps:
+            shown = np.asarray(values, dtype=float)
+            gaps += not np.isfinite(shown).all()
+            shown[~np.isfinite(shown)] = np.nan
             style = styles[styles_of.index(tuple(row.overrides.get(k, "") for k in style_keys)) % len(styles)]
-            curves.plot(steps, values, color=colour(row.overrides.get(key, "")), linestyle=style, linewidth=1.2)
-    handles = [Line2D([], [], color=colour(v), label=f"{key}={v}") for v in firsts if key is not None]
+            curves.plot(steps, shown, color=colour(row.overrides.get(key, "")), linestyle=style, linewidth=1.2)
+    drawn = [row for row in rows if row.curve[0]]
+
+    def legend_label(value: str) -> str:  # the value, and the statuses of its curves other than finished
+        others = sorted({r.status for r in drawn if r.overrides.get(key, "") == value} - {"finished"})
+        return (f"{key}={value}" if value else f"{key} not set") + (f" ({', '.join(others)})" if others else "")
+
+    handles = [
+        Line2D([], [], color=colour(v), label=legend_label(v))
+        for v in firsts
+        if key is not None and any(row.overrides.get(key, "") == v for row in drawn)
+    ]
     if len(styles_of) > 1:
         handles += [
             Line2D([], [], color="0.3", linestyle=styles[i % len(styles)],
@@ -358,8 +473,11 @@ def report_figure(rows: list[JobRow], swept: list[str], keys: list[str], groups:
     ticks = [t for t in MaxNLocator(integer=True, steps=[1, 2, 5, 10]).tick_values(1, last) if 1 < t <= last]
     curves.xaxis.set_major_locator(FixedLocator([1, *ticks]))  # the first iteration is 1, not 0
     curves.set_ylabel(tags.LOSS_TOTAL)
-    curves.set_title("loss curves")
+    curves.set_title(_curves_title(rows, gaps))
     curves.grid(alpha=0.3)
+    if not drawn:
+        curves.text(0.5, 0.5, "no job has a loss curve yet", ha="center", va="center", transform=curves.transAxes)
+        curves.set_xlim(1, 2)
     if _spans_decades([v for row in rows for v in row.curve[1]]):
         curves.set_yscale("log")
     if handles:  # outside the axes, on the right: it covers no curve
@@ -378,16 +496,22 @@ def report_figure(rows: list[JobRow], swept: list[str], keys: list[str], groups:
     for ax, field, label in panels:
         ax.set_title(f"{label} vs {key}")
         if not numeric:
-            ax.text(0.5, 0.5, f"no numeric value of {key} to plot against", ha="center", va="center")
+            why = f"only {REPLICATE_KEY}s are swept: the table gives their mean" if replicated and not keys else ""
+            ax.text(0.5, 0.5, why or f"no numeric value of {key} to plot against", ha="center", va="center")
             continue
-        for g in numeric:
+        gx = [xs[g.values] for g in numeric]
+        finite = [v for g in groups for v in g.finite(field)]
+        if not finite:  # every job failed, or none has finished yet: the axis still spans the values
+            ax.text(0.5, 0.5, "no finished job with a finite value", ha="center", va="center", transform=ax.transAxes)
+            ax.plot(gx, [0.0] * len(gx), linestyle="none")  # no mark: only the x range
+        for g in numeric if finite else ():
             jobs = g.finite(field)
             ax.scatter([xs[g.values]] * len(jobs), jobs, s=14, color="0.6", zorder=2, label="each job")
         # One line per combination of the other swept keys: only equal settings are joined.
         rests = sorted({g.values[1:] for g in groups}, key=lambda v: [_value_order(x) for x in v])
         for i, rest in enumerate(rests):
             line = [g for g in numeric if g.values[1:] == rest]
-            if not line:
+            if not line or not finite:
                 continue
             means = [g.mean(field) for g in line]
             spread = np.array([_spread(g.finite(field), m) for g, m in zip(line, means, strict=True)]).T
@@ -395,7 +519,6 @@ def report_figure(rows: list[JobRow], swept: list[str], keys: list[str], groups:
             where = ", ".join(f"{k}={v}" for k, v in zip(keys[1:], rest, strict=True))
             ax.errorbar([xs[g.values] for g in line], means, yerr=spread if replicated else None, color=f"C{i}",
                         marker="o", capsize=3, zorder=3, label=f"{what}, {where}" if where else what)  # fmt: skip
-        gx = [xs[g.values] for g in numeric]
         for g in unbounded:  # e.g. max_norm=inf: no position on the axis, a level to compare with
             level = g.mean(field)
             where = ", ".join(f"{k}={v}" for k, v in zip(keys[1:], g.values[1:], strict=True))
@@ -405,8 +528,8 @@ def report_figure(rows: list[JobRow], swept: list[str], keys: list[str], groups:
                 ax.axhline(level, linestyle="--", color=shade, linewidth=1, label=name)
         if min(gx) > 0 and max(gx) / min(gx) >= 100:
             ax.set_xscale("log")
-        finite = [v for g in groups for v in g.finite(field)]
         if field == "norm_pre_median" and key is not None and "max_norm" in key:
+            gx = [xs[g.values] for g in numeric if g.done] or gx  # not out to a value no job ran at
             ax.plot(gx, gx, color="tab:red", linestyle=":", label=f"{key} (clipping above)")
             finite += gx
         if field == "clipped_fraction":

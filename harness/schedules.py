@@ -38,6 +38,7 @@ new steps). :meth:`Schedule.read_reductions` reports firings at log intervals.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import warp as wp
@@ -46,7 +47,16 @@ from harness import schema, tags
 from harness.schema import field
 from harness.transform import Shared
 
-__all__ = ["SCHEDULES", "Schedule", "constant", "cosine_decay", "linear_decay", "linear_warmup", "step_decay"]
+__all__ = [
+    "SCHEDULES",
+    "Schedule",
+    "constant",
+    "cosine_decay",
+    "linear_decay",
+    "linear_warmup",
+    "register_schedule",
+    "step_decay",
+]
 
 State = dict[str, wp.array]
 
@@ -450,4 +460,30 @@ def step_decay(
 
 
 SCHEDULES = {f.__name__: f for f in (constant, linear_warmup, cosine_decay, linear_decay, step_decay)}
-"""Factories by option name; the same names as the files of ``configs/schedule/``."""
+"""Factories by option name; the same names as the files of ``configs/schedule/``, and those
+:func:`register_schedule` adds. A config's ``schedule._target_`` must name one of these
+factories (:mod:`harness.targets` checks it before anything is called)."""
+
+
+def register_schedule(factory: Callable[..., Schedule]) -> Callable[..., Schedule]:
+    """Accept ``factory`` as a ``schedule._target_`` under its ``__name__``; returns it, so it
+    can decorate the factory (a module of your own calls it when imported; a config names the
+    factory by its dotted path, which the check imports before it looks the factory up).
+
+    Raises:
+        ValueError: ``factory`` is not callable, or a factory of another path holds its name.
+    """
+    name = getattr(factory, "__name__", None)
+    if not callable(factory) or not isinstance(name, str):
+        raise ValueError(f"register_schedule: expected a function that returns a Schedule, got {factory!r}")
+    held = SCHEDULES.get(name)
+    if held is not None and _path(held) != _path(factory):  # the same path again: its module was reloaded
+        raise ValueError(
+            f"register_schedule: the name '{name}' is taken by {_path(held)}; accepted: a factory with another name"
+        )
+    SCHEDULES[name] = factory
+    return factory
+
+
+def _path(factory: Callable[..., Any]) -> str:
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', '?')}"

@@ -1,4 +1,12 @@
-"""Hydra multirun integration: warm Warp's kernel cache once before the jobs start.
+"""Hydra multirun integration: warm Warp's kernel cache once before the jobs start, and
+count how the jobs ended.
+
+Every job of a sweep records its outcome in ``<job>/.hydra/harness_outcome.json``
+(:func:`record_outcome`: ``running`` when it starts, then ``finished``, ``failed`` or
+``diverged``); a job never ends the sweep, only a signal does. :class:`SweepOutcome` removes
+the outcomes an earlier launch left in the sweep folder before the jobs start, and at the end
+prints one line counting them; the command exits 1 when a job failed or never recorded its
+end (:data:`LAST_COUNTS`).
 
 Warp compiles each kernel module on first use and caches the binary under
 ``WARP_CACHE_PATH`` (default ``~/.cache/warp/<version>``). The cache is safe to share:
@@ -12,8 +20,11 @@ find every heavy module cached.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -33,8 +44,6 @@ class WarmKernelCache(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not self.enabled or config.get("env") is None:
             return
-        import hydra
-
         from harness import build
         from harness import config as harness_config
 
@@ -45,7 +54,7 @@ class WarmKernelCache(Callback):
         harness_config.apply_task_env_defaults(cfg, choices, [])
         start = time.perf_counter()
         try:
-            build.evaluation_config(cfg, hydra.utils.get_class(cfg.task._target_))  # one step: no windows
+            build.evaluation_config(cfg, build.task_class(cfg))  # one step: no windows
             with open_dict(cfg):
                 cfg.env.horizon = 1
                 cfg.env.world_count = 1
@@ -61,3 +70,66 @@ class WarmKernelCache(Callback):
         trainer.step.log_values()
         trainer.step.evaluate()
         print(f"kernel cache warmed in {time.perf_counter() - start:.1f} s", flush=True)
+
+
+OUTCOME_FILE = "harness_outcome.json"
+"""A job's outcome, in its ``.hydra/`` folder (which Hydra rewrites for every launch)."""
+STATUSES = ("finished", "failed", "diverged", "running")
+"""The outcomes; ``running`` at the end of a sweep means the job was killed."""
+
+LAST_COUNTS: Counter[str] | None = None
+"""The outcome counts of the last sweep this process launched (None before one ended)."""
+
+
+def record_outcome(hydra_cfg: Any, run_dir: Path, status: str, line: str | None) -> None:
+    """Write a job's outcome (``status`` one of :data:`STATUSES`, ``line`` its error line)."""
+    from harness.runs import write_json
+
+    folder = Path(run_dir) / ".hydra"
+    if folder.is_dir():
+        record = {"job": int(hydra_cfg.job.num), "overrides": str(hydra_cfg.job.override_dirname)}
+        write_json(folder / OUTCOME_FILE, {**record, "status": status, "error": line})
+
+
+def read_outcomes(sweep_dir: Path) -> dict[Path, dict[str, Any]]:
+    """Every job folder of ``sweep_dir`` with a recorded outcome, and the outcome."""
+    found: dict[Path, dict[str, Any]] = {}
+    for path in sorted(Path(sweep_dir).rglob(f".hydra/{OUTCOME_FILE}")):
+        try:
+            found[path.parent.parent] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            found[path.parent.parent] = {"status": "running", "error": "unreadable outcome"}
+    return found
+
+
+class SweepOutcome(Callback):
+    """Count the jobs' outcomes at the end of a sweep: one line, and :data:`LAST_COUNTS`."""
+
+    def __init__(self) -> None:
+        self.sweep_dir: Path | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global LAST_COUNTS
+        LAST_COUNTS = None
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+        if self.sweep_dir.is_dir():  # outcomes of an earlier launch into the same folder
+            for path in self.sweep_dir.rglob(f".hydra/{OUTCOME_FILE}"):
+                path.unlink(missing_ok=True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        global LAST_COUNTS
+        if self.sweep_dir is None:
+            return
+        outcomes = read_outcomes(self.sweep_dir)
+        counts = Counter(str(o.get("status")) for o in outcomes.values())
+        LAST_COUNTS = counts
+        parts = [f"{counts[s]} {s}" for s in ("finished", "failed", "diverged") if counts[s] or s != "diverged"]
+        if counts["running"]:
+            parts.append(f"{counts['running']} ended without an outcome (killed)")
+        where = f"{self.sweep_dir}; python -m harness report {self.sweep_dir}"
+        print(f"sweep: {len(outcomes)} jobs: {', '.join(parts)} ({where})", flush=True)
+
+
+def sweep_failed() -> bool:
+    """Whether the last sweep of this process had a job that failed or never ended."""
+    return LAST_COUNTS is not None and (LAST_COUNTS["failed"] + LAST_COUNTS["running"]) > 0

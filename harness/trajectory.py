@@ -118,13 +118,28 @@ def load_reference(
         TrajectoryFileError: One line: not a file, not an npz archive, a missing array, another
             env, another dt, arrays of the wrong shape or with non-finite values.
     """
+    import os
+    import stat
+
+    from harness import files
+
     path = Path(path)
     where = f"{field}: '{path}'"
-    if not path.is_file():
-        raise TrajectoryFileError(f"{where} is not a file; accepted: a trajectory written by python -m harness record")
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
+    accepted = "a trajectory written by python -m harness record"
+    try:  # type and size before the file is opened, every array's header before its data
+        size = files.check_file(path, field, limit=files.read_limit(), accepted=accepted)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # never blocks, even if swapped for a FIFO
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+                raise files.FileCheckError(f"{where} changed while it was read; accepted: {accepted}")
+            with zipfile.ZipFile(handle) as archive:
+                files.check_npz(archive, field, f"'{path}'", limit=files.read_limit(), compressed=True)
+            handle.seek(0)
+            with np.load(handle, allow_pickle=False) as archive:
+                arrays = {key: archive[key] for key in archive.files}
+    except files.FileCheckError as exc:
+        raise TrajectoryFileError(str(exc)) from None
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
         raise TrajectoryFileError(f"{where} is not an npz trajectory file ({type(exc).__name__})") from None
     for key in ("format", "env", "dt", "controls"):

@@ -12,6 +12,9 @@ and saved as recordings Newton's own viewers replay.
 - :func:`write_recording`: the same frames as a recording of Newton's ``ViewerFile`` (JSON:
   it needs no further package), which Newton's viewers (``ViewerGL`` included) replay.
 
+Both files are written under a temporary name and renamed when complete
+(:func:`harness.runs.atomic_output`): a killed render leaves the previous ones as they were.
+
 Only envs that play :class:`harness.env.Renderable` (a Newton model and its States) can be
 drawn; ``python -m harness render`` (:mod:`harness.commands.render`) puts it together.
 """
@@ -289,6 +292,7 @@ def draw_video(
     from matplotlib.patches import Polygon
 
     from harness.events import figure_rgb
+    from harness.runs import atomic_output
 
     xlim, ylim = scene.fit(runs)
     rows, cols, scale = _layout(xlim, ylim, len(runs))
@@ -315,7 +319,10 @@ def draw_video(
     speed = playback_speed(steps, dt, fps)
     rate.set_text(f"playback: {speed_text(speed)}, {fps:g} fps")
     count = len(steps)
-    with imageio.get_writer(path, fps=fps, codec="libx264", quality=8, macro_block_size=16) as writer:
+    with (
+        atomic_output(path) as tmp,  # a killed command leaves the previous video as it was
+        imageio.get_writer(tmp, fps=fps, codec="libx264", quality=8, macro_block_size=16) as writer,
+    ):
         for k in range(count):
             clock.set_text(f"t = {steps[k] * dt:.3f} s of {horizon_s:.3f} s   (step {steps[k]} of {steps[-1]})")
             for ax, frames, title, colour in zip(axes, runs, titles, colours, strict=False):
@@ -354,14 +361,17 @@ def draw_video(
 
 
 def write_recording(model: Any, frames: Frames, dt: float, path: Path) -> None:
-    """Write ``frames`` as a recording of Newton's ``ViewerFile`` (replayed by Newton's viewers)."""
+    """Write ``frames`` as a recording of Newton's ``ViewerFile`` (replayed by Newton's viewers),
+    atomically (:func:`harness.runs.atomic_output`)."""
     import contextlib
     import io
 
     import newton.viewer
 
-    with contextlib.redirect_stdout(io.StringIO()):  # ViewerFile prints a line per save
-        _log_frames(newton.viewer.ViewerFile(str(path), auto_save=False), model, frames, dt)
+    from harness.runs import atomic_output
+
+    with atomic_output(path) as tmp, contextlib.redirect_stdout(io.StringIO()):  # ViewerFile prints a line per save
+        _log_frames(newton.viewer.ViewerFile(str(tmp), auto_save=False), model, frames, dt)
 
 
 def _log_frames(viewer: Any, model: Any, frames: Frames, dt: float) -> None:

@@ -15,7 +15,7 @@ from harness import clip as clips
 from harness import optim, schedules
 from harness.clip import NonFiniteGradientError
 from harness.losses import WeightedLoss
-from harness.training import CaptureError, Trainer, TrainSettings
+from harness.training import CaptureError, Trainer, TrainingDiverged, TrainSettings
 from harness.training.step import check_capture
 from tests.helpers import DEVICES, UPRIGHT_TERMS, EagerOnlyCartpole, exact_on, make_trainer, run_harness
 
@@ -35,7 +35,8 @@ def scalars(run_dir) -> dict[str, list[tuple[int, bytes]]]:
 
 
 def fit(tmp_path, name: str, capture: bool, **kw) -> tuple[Trainer, dict, Exception | None]:
-    """A 7-iteration run (log every 3) of the 8-step, 2-world cartpole; returns trainer, summary, error."""
+    """A 7-iteration run (log every 3) of the 8-step, 2-world cartpole; returns trainer, summary
+    (also that of a diverged run), error."""
     kw.setdefault("horizon", 8)
     trainer = make_trainer(iterations=7, log_every=3, capture=capture, **kw)
     try:
@@ -43,6 +44,8 @@ def fit(tmp_path, name: str, capture: bool, **kw) -> tuple[Trainer, dict, Except
         error = None
     except NonFiniteGradientError as exc:
         summary, error = None, exc
+    except TrainingDiverged as exc:
+        summary, error = exc.summary, exc
     return trainer, summary, error
 
 
@@ -129,14 +132,15 @@ def test_captured_run_matches_eager_with_in_backward_adjoint_clipping(tmp_path, 
 
 @pytest.mark.parametrize("nonfinite", ["skip", "zero", "error"])
 def test_captured_run_matches_eager_under_every_nonfinite_policy(tmp_path, nonfinite):
-    """SGD at 1e30 blows the simulation up after the first update: later gradients are nan."""
+    """SGD at 1e30 blows the simulation up after the first update: later gradients are nan
+    (and the run ends diverged, its final loss nan)."""
     _graph, summary = assert_same_run(
         tmp_path, optimizer=optim.sgd(1e30), clip=clips.with_nonfinite(clips.no_clip(), nonfinite)
     )
     if nonfinite == "error":
         assert summary is None  # both raised, naming the same iteration and parameter
     else:
-        assert summary["nonfinite_steps"] > 0
+        assert summary["nonfinite_steps"] > 0 and summary["status"] == "diverged"
 
 
 def test_auto_runs_eagerly_and_says_why_when_the_env_is_not_capturable(tmp_path, capsys):

@@ -237,12 +237,18 @@ def test_error_policy_stops_naming_iteration_and_parameter_and_keeps_the_last_go
 
 
 def test_skip_policy_continues_and_keeps_parameters_finite(tmp_path):
+    """The run goes on to the end (4 nan losses are fewer than the divergence limit) and, its
+    final loss nan, ends diverged (tests/test_diverged.py) with its last good checkpoint."""
     run_dir = tmp_path / "run"
-    proc = train([*EXPLODE, "iterations=5", "clip.nonfinite=skip", f"hydra.run.dir={run_dir}"], tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    proc = train(
+        [*EXPLODE, "iterations=5", "checkpoint.every=1", "clip.nonfinite=skip", f"hydra.run.dir={run_dir}"], tmp_path
+    )
+    assert proc.returncode == 1, proc.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "finished"
+    assert summary["status"] == "diverged" and summary["iterations_done"] == 5
+    assert summary["diverged"]["what"] == "final loss"
     assert summary["nonfinite_steps"] == summary["skipped_steps"] == 4  # iterations 1..4
+    assert final_checkpoint(run_dir).iteration == 1  # the later ones wait for a finite loss
     params = final_checkpoint(run_dir).arrays["params/data"]
     assert np.isfinite(params).all()
 

@@ -9,7 +9,8 @@ The package is split the way Newton splits device code from host code:
   Hydra config under ``configs/clip/``:
   :func:`no_clip`, :func:`clip_by_value`, :func:`clip_by_global_norm`,
   :func:`clip_by_norm_per_param`, :func:`adaptive_grad_clip` (AGC), :func:`autoclip`,
-  :func:`zclip` and :func:`chain_clips`.
+  :func:`zclip` and :func:`chain_clips` (:data:`CLIP_POLICIES`; a factory of your own joins
+  them through :func:`register_clip_policy`).
 * :mod:`harness.clip.nonfinite`: wrappers around any transformation for nan/inf gradients
   (:func:`skip_if_nonfinite`, :func:`zero_nonfinite`, :func:`error_if_nonfinite`, picked by
   ``clip.nonfinite`` through :func:`with_nonfinite`; the trainer wraps its whole update),
@@ -34,6 +35,7 @@ from harness.clip.nonfinite import (
     zero_nonfinite,
 )
 from harness.clip.policies import (
+    CLIP_POLICIES,
     ClipPolicy,
     ClipRule,
     adaptive_grad_clip,
@@ -44,10 +46,12 @@ from harness.clip.policies import (
     clip_by_norm_per_param,
     clip_by_value,
     no_clip,
+    register_clip_policy,
     zclip,
 )
 
 __all__ = [
+    "CLIP_POLICIES",
     "NONFINITE_MODES",
     "ClipPolicy",
     "ClipRule",
@@ -65,6 +69,7 @@ __all__ = [
     "clip_grad_value_",
     "error_if_nonfinite",
     "no_clip",
+    "register_clip_policy",
     "skip_if_nonfinite",
     "with_nonfinite",
     "zclip",

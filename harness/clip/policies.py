@@ -669,3 +669,45 @@ def chain_clips(policies: Sequence[ClipPolicy]) -> ClipPolicy:
             )
     rules = [rule for policy in policies for rule in policy.rules]
     return ClipPolicy("chain(" + ",".join(rule.name for rule in rules) + ")", tuple(rules))
+
+
+CLIP_POLICIES: dict[str, Callable[..., ClipPolicy]] = {
+    f.__name__: f
+    for f in (
+        no_clip,
+        clip_by_value,
+        clip_by_global_norm,
+        clip_by_norm_per_param,
+        adaptive_grad_clip,
+        autoclip,
+        zclip,
+        chain_clips,
+    )
+}
+"""The factories of clip policies by their function name, and those :func:`register_clip_policy`
+adds. A config's ``clip._target_`` (and each member of ``clip.policies`` of a chain) must name
+one of these factories (:mod:`harness.targets` checks it before anything is called)."""
+
+
+def register_clip_policy(factory: Callable[..., ClipPolicy]) -> Callable[..., ClipPolicy]:
+    """Accept ``factory`` as a ``clip._target_`` under its ``__name__``; returns it, so it can
+    decorate the factory (a module of your own calls it when imported; a config names the
+    factory by its dotted path, which the check imports before it looks the factory up).
+
+    Raises:
+        ValueError: ``factory`` is not callable, or a factory of another path holds its name.
+    """
+    name = getattr(factory, "__name__", None)
+    if not callable(factory) or not isinstance(name, str):
+        raise ValueError(f"register_clip_policy: expected a function that returns a ClipPolicy, got {factory!r}")
+    held = CLIP_POLICIES.get(name)
+    if held is not None and _path(held) != _path(factory):  # the same path again: its module was reloaded
+        raise ValueError(
+            f"register_clip_policy: the name '{name}' is taken by {_path(held)}; accepted: a factory with another name"
+        )
+    CLIP_POLICIES[name] = factory
+    return factory
+
+
+def _path(factory: Callable[..., Any]) -> str:
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', '?')}"

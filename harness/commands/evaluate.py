@@ -44,7 +44,7 @@ def evaluate_run(
         harness.runs.RunError: One line: not a run folder, no checkpoint, a config the overrides
             break, shapes the overrides change, an output path that cannot be written.
     """
-    from harness.runs import RunError, RunFolder, write_json
+    from harness.runs import OutputError, RunError, RunFolder, check_writable, write_json
 
     folder = RunFolder(run_dir, "evaluate")  # a folder without a run is refused before Warp is imported
     from harness.build import trained_run
@@ -53,7 +53,14 @@ def evaluate_run(
     target = Path(out) if out else Path(run_dir) / "eval.json"
     if target.is_dir() or not target.parent.is_dir():
         raise RunError(f"out: '{target}' is not a file in an existing folder; accepted: out=<folder>/<name>.json")
+    try:
+        check_writable(target)  # before the rollout
+    except OutputError as exc:
+        raise RunError(f"out: {exc}") from None
     with collector_paused():  # Newton's import and the env's build: docs/startup.md
+        from harness.build import check_evaluation_memory  # refused before anything is allocated
+
+        check_evaluation_memory(folder, list(overrides), device=device)
         trained = trained_run(folder, list(overrides), checkpoint_name=checkpoint, device=device)
     step, env, loss = trained.trainer.step, trained.run.env, trained.run.loss
     with step.at_eval_params():
@@ -81,6 +88,8 @@ def evaluate_run(
         return report
     try:
         write_json(target, report)
+    except OutputError as exc:
+        raise RunError(f"out: {exc}") from None
     except OSError as exc:
         raise RunError(f"out: cannot write '{target}' ({exc.strerror or exc})") from None
     report["written"] = str(target)

@@ -38,6 +38,7 @@ def record_trajectory(
 
     from harness import build, config
     from harness.env import Identifiable
+    from harness.runs import OutputError, check_writable
     from harness.tasks.base import Task, rollout
     from harness.trajectory import EXCITATION_HZ, FORMAT, TrajectoryFileError, excitation, save_trajectory
 
@@ -46,8 +47,16 @@ def record_trajectory(
         raise TrajectoryFileError(
             f"out: '{out}' is not a file in an existing folder; accepted: out=<folder>/<name>.npz"
         )
+    if out is not None:
+        try:
+            check_writable(out)  # before the simulation
+        except OutputError as exc:
+            raise TrajectoryFileError(f"out: {exc}") from None
     try:
         cfg, _choices, _ = config.compose_command("train", [*overrides, *([f"device={device}"] if device else [])])
+        from harness.limits import check_memory  # refused before anything is allocated
+
+        check_memory(cfg)
         env = build.build_env(cfg, config.check_device(cfg.get("device")))
     except config.ConfigError as exc:
         raise TrajectoryFileError(f"record: {exc}") from None
@@ -108,6 +117,8 @@ def record_trajectory(
         payload[f"quantities/{name}"] = quantities[name]
     try:
         save_trajectory(out, payload)
+    except OutputError as exc:
+        raise TrajectoryFileError(f"out: {exc}") from None
     except OSError as exc:
         raise TrajectoryFileError(f"out: cannot write '{out}' ({exc.strerror or exc})") from None
     return {

@@ -17,7 +17,10 @@ checkpoint (the newest by default), and writes into ``RUN_DIR/render/``:
   which Newton's viewers replay.
 
 Only envs that play :class:`harness.env.Renderable` (a Newton model and its States) can be
-drawn. Every file is written under a temporary name and renamed when complete.
+drawn. Every file is written under a temporary name and renamed when complete
+(:func:`harness.runs.atomic_output`), so a killed render leaves the previous files as they
+were; a destination that cannot be written (a folder named ``rollout.mp4``, a read-only
+``render/``) is refused in one line before the rollouts.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ import numpy as np
 
 from harness.commands.common import collector_paused, fail, run_folder_argument
 
-__all__ = ["main", "render_run"]
+__all__ = ["OUTPUTS", "main", "render_run"]
+
+OUTPUTS = ("rollout.mp4", "rollout.png", "before.json", "after.json")
 
 
 def render_run(
@@ -50,11 +55,20 @@ def render_run(
             default, up to :data:`harness.video.MAX_FRAMES` frames; given, not capped).
 
     Raises:
-        harness.runs.RunError: One line: not a run folder, no checkpoint, an env that cannot be drawn.
+        harness.runs.RunError: One line: not a run folder, no checkpoint, an env that cannot be drawn,
+            a destination that cannot be written (:class:`harness.runs.OutputError`).
     """
-    from harness.runs import RunError, RunFolder, atomic_output
+    from harness.runs import OutputError, RunError, RunFolder, check_writable
 
     folder = RunFolder(run_dir, "render")  # a folder without a run is refused before Warp is imported
+    out = Path(run_dir) / "render"
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"render: cannot write into '{out}': it is a file, not a folder")
+    for name in OUTPUTS if out.is_dir() else ():  # refused before the rollouts, not after
+        try:
+            check_writable(out / name)
+        except OutputError as exc:
+            raise OutputError(f"render: {exc}") from None
     import warp as wp
 
     from harness.build import trained_run
@@ -72,6 +86,9 @@ def render_run(
     )
 
     with collector_paused():  # Newton's import and the env's build: docs/startup.md
+        from harness.build import check_evaluation_memory  # refused before anything is allocated
+
+        check_evaluation_memory(folder, [], device="cpu")
         trained = trained_run(folder, checkpoint_name=checkpoint, device="cpu", load=False)
     env, step = trained.run.env, trained.trainer.step
     if not isinstance(env, Renderable):
@@ -91,26 +108,27 @@ def render_run(
     with step.at_eval_params():
         after, after_values = snapshot()
 
-    out = Path(run_dir) / "render"
-    out.mkdir(exist_ok=True)
+    try:
+        out.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"render: cannot make the folder '{out}' ({exc.strerror or exc})") from None
     done = trained.checkpoint.iteration
     titles = ["before training (0 iterations)", f"after training ({done} iteration{'s' if done != 1 else ''})"]
     scene = Scene(env.model)
     targets = getattr(env, "targets", None)
     if isinstance(targets, wp.array) and targets.dtype == wp.vec3:
         scene.targets = targets.numpy().reshape(-1, 3)
-    video = out / "rollout.mp4"
-    with atomic_output(video) as tmp:
-        count, layout = draw_video(scene, [before, after], titles, dt, tmp, fps=fps)
-    plot, panels = out / "rollout.png", []
-    if after_values:  # envs whose losses read only the last step have nothing to plot against time
-        with atomic_output(plot) as tmp:
-            panels = draw_plots(before_values, after_values, dt, tmp, env.component_names(), labels=titles)
-    recordings = []
-    for name, shot in (("before.json", before), ("after.json", after)):
-        with atomic_output(out / name) as tmp:
-            write_recording(env.model, shot, dt, tmp)
-        recordings.append(str(out / name))
+    # Each file under a temporary name, renamed when complete (harness.runs.atomic_output).
+    video, plot, panels, recordings = out / OUTPUTS[0], out / OUTPUTS[1], [], []
+    try:
+        count, layout = draw_video(scene, [before, after], titles, dt, video, fps=fps)
+        if after_values:  # envs whose losses read only the last step have nothing to plot against time
+            panels = draw_plots(before_values, after_values, dt, plot, env.component_names(), labels=titles)
+        for name, shot in zip(OUTPUTS[2:], (before, after), strict=True):
+            write_recording(env.model, shot, dt, out / name)
+            recordings.append(str(out / name))
+    except OutputError as exc:
+        raise OutputError(f"render: {exc}") from None
     return {
         "checkpoint": str(trained.checkpoint.path),
         "video": str(video),
@@ -157,7 +175,7 @@ def main(args: list[str]) -> None:
             fail(f"render: speed must be a number > 0 (1: real time, 0.25: slow motion), got {options['speed']}")
     try:
         written = render_run(run_dir, checkpoint=options.get("checkpoint"), **numbers)
-    except RunError as exc:
+    except RunError as exc:  # harness.runs.OutputError too: a destination that cannot be written
         fail(exc)
     from harness.video import MAX_FRAMES, RUN_COLOURS, speed_text
 

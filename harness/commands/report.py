@@ -1,5 +1,6 @@
-"""``python -m harness report SWEEP_DIR``: the jobs of a Hydra multirun as a table sorted by
-final loss, with a CSV and a PNG in the sweep folder (:mod:`harness.report`)."""
+"""``python -m harness report SWEEP_DIR``: every job of a Hydra multirun with its status, as a
+table sorted by status and final loss and a line of counts, with a CSV and a PNG in the sweep
+folder (:mod:`harness.report`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ __all__ = ["main"]
 def main(args: list[str]) -> None:
     """``report SWEEP_DIR``: table sorted by final loss, CSV and PNG in the sweep folder."""
     from harness.report import ReportError, report_sweep
+    from harness.runs import OutputError
 
     if len(args) != 1 or args[0].startswith("-"):
         fail("report: expects one argument, the sweep folder (e.g. multirun/2026-11-22_10-00-00)")
@@ -20,3 +22,5 @@ def main(args: list[str]) -> None:
         print(report_sweep(Path(args[0])))
     except ReportError as exc:
         fail(exc)
+    except OutputError as exc:  # report.csv or report.png cannot be written there
+        fail(f"report: {exc}")

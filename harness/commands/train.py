@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from harness import config, init_warp, tags
-from harness.commands.common import fail, run_dir_override, run_hydra
+from harness.commands.common import run_dir_override, run_hydra
 
 __all__ = ["main", "train_command"]
 
@@ -31,25 +31,80 @@ __all__ = ["main", "train_command"]
 def train_command(cfg: DictConfig) -> float:
     """Train and write TensorBoard events, the resolved config, checkpoints and summary.json.
 
+    A single run exits with one line on any refusal or failure. A job of a sweep never ends
+    the sweep (a SIGINT or SIGTERM does): a refused, failed or diverged job prints its line,
+    records its outcome for the sweep's count (:mod:`harness.sweep`) and returns nan.
+
     Returns:
         The final loss: the objective a Hydra sweeper (e.g. Optuna) minimises.
     """
     init_warp()  # also in launcher worker processes, which call this function directly
     hydra_cfg = HydraConfig.get()
-    config.apply_task_env_defaults(cfg, hydra_cfg.runtime.choices, list(hydra_cfg.overrides.task))
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    if hydra_cfg.mode.name != "MULTIRUN":
+        return _single_run(cfg, hydra_cfg, run_dir)
+    from harness import sweep
+
+    label = f"[job {hydra_cfg.job.num}: {hydra_cfg.job.override_dirname}]"
+    sweep.record_outcome(hydra_cfg, run_dir, "running", None)  # left as it is if this process is killed
+    try:
+        final = _train(cfg, hydra_cfg, run_dir, _prepare(cfg, hydra_cfg, run_dir))
+    except JobEnded as exc:
+        print(f"{label} {exc.line}", file=sys.stderr, flush=True)
+        sweep.record_outcome(hydra_cfg, run_dir, exc.status, exc.line)
+        return math.nan
+    except Exception as exc:  # a crash of this job: the sweep goes on (summary.json says what)
+        line = f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        print(f"{label} {line}", file=sys.stderr, flush=True)
+        sweep.record_outcome(hydra_cfg, run_dir, "failed", line)
+        return math.nan
+    sweep.record_outcome(hydra_cfg, run_dir, "finished", None)
+    return final
+
+
+class JobEnded(Exception):
+    """A run ended without finishing: ``status`` (``failed``, ``diverged``, ``refused``), the
+    one ``line`` to print, and the exit ``code`` of a single run (2: bad input, 1: failed)."""
+
+    def __init__(self, status: str, line: str, code: int):
+        super().__init__(line)
+        self.status, self.line, self.code = status, line, code
+
+
+def _single_run(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
+    """One run: every refusal or failure is one line and a non-zero exit."""
+    from harness.runs import LOCK_NAME
+
     # A single run's folder that Hydra has just made (nothing but .hydra/ in it): removed
     # again when Ctrl-C comes before training starts, so no empty run is left behind.
-    fresh = hydra_cfg.mode.name != "MULTIRUN" and {p.name for p in run_dir.iterdir()} <= {".hydra"}
+    fresh = {p.name for p in run_dir.iterdir()} <= {".hydra", LOCK_NAME}
     try:
-        trainer = _prepare(cfg, hydra_cfg, run_dir)
-    except KeyboardInterrupt:
-        if fresh:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        kept = "nothing was kept" if fresh else f"{run_dir} was left as it was (Hydra rewrote its .hydra/)"
-        print(f"interrupted before training started; {kept}", file=sys.stderr)
-        sys.exit(130)
-    return _train(cfg, hydra_cfg, run_dir, trainer)
+        try:
+            trainer = _prepare(cfg, hydra_cfg, run_dir)
+        except KeyboardInterrupt:
+            if fresh:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            kept = "nothing was kept" if fresh else f"{run_dir} was left as it was"
+            print(f"interrupted before training started; {kept}", file=sys.stderr)
+            sys.exit(130)
+        except JobEnded:
+            if fresh:  # refused before anything of the run was written
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        return _train(cfg, hydra_cfg, run_dir, trainer)
+    except JobEnded as exc:
+        print(exc.line, file=sys.stderr, flush=True)
+        sys.exit(exc.code)
+
+
+def _failed(run_dir: Path, resumed: bool, line: str) -> None:
+    """Record a failure in summary.json, unless this process continued an earlier run and
+    had not yet trained (a resume that fails before its first iteration leaves the run's
+    own summary as it was)."""
+    from harness.runs import write_json
+
+    if not resumed:
+        write_json(run_dir / "summary.json", {"status": "failed", "error": line})
 
 
 def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> float:
@@ -58,7 +113,7 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> floa
     from harness import checkpoint
     from harness.clip import NonFiniteGradientError
     from harness.runs import write_json
-    from harness.training import TrainingInterrupted
+    from harness.training import TrainingDiverged, TrainingInterrupted
 
     # Jobs of a sweep may run side by side (joblib): label their lines.
     label = f"[job {hydra_cfg.job.num}: {hydra_cfg.job.override_dirname}]" if hydra_cfg.mode.name == "MULTIRUN" else ""
@@ -77,25 +132,25 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> floa
         command = shlex.join(["python", "-m", "harness", "train", *again, "resume=auto", run_dir_override(run_dir)])
         print(f"{exc}; summary.json written; continue with: {command}", file=sys.stderr, flush=True)
         sys.exit(128 + exc.signum)
+    except TrainingDiverged as exc:  # summary.json (status diverged) is written
+        raise JobEnded("diverged", f"error: {exc}", 1) from None
     except checkpoint.CheckpointError as exc:  # refused before training: the run folder stays as it was
-        fail(exc)
+        raise JobEnded("failed", f"error: {exc}", 2) from None
     except NonFiniteGradientError as exc:
         write_json(run_dir / "summary.json", {"status": "failed", "error": str(exc)})
         saved = checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))
         last = f"; last good checkpoint: {saved[-1]}" if saved else "; no checkpoint was written before it"
-        print(f"error: {exc}{last}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        raise JobEnded("failed", f"error: {exc}{last}", 1) from None
     except wp.WarpDeterminismError as exc:  # HARNESS_DETERMINISTIC asked for what a kernel cannot give
         write_json(run_dir / "summary.json", {"status": "failed", "error": str(exc)})
         mode = os.environ.get("HARNESS_DETERMINISTIC", "")
         reason = str(exc).splitlines()[0].split(". ")[0]  # Warp's first sentence names the kernel
-        print(
+        raise JobEnded(
+            "failed",
             f"error: HARNESS_DETERMINISTIC={mode}: {reason}; unset HARNESS_DETERMINISTIC to train with "
             "float atomics in any order (results then differ in the last bits between CUDA runs)",
-            file=sys.stderr,
-            flush=True,
-        )
-        sys.exit(1)
+            1,
+        ) from None
     except Exception as exc:
         write_json(run_dir / "summary.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
         raise
@@ -165,33 +220,54 @@ def loss_change(initial: float, final: float) -> str:
 
 
 def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:
-    """The run's trainer; refusals exit with one line."""
+    """The run's trainer, after this process has claimed the run folder.
+
+    Raises:
+        JobEnded: A refusal (the folder is in use or holds a run; the config, the checkpoint
+            to resume from or the env refuses), with its one line.
+    """
     from harness import build, checkpoint
-    from harness.runs import write_json
+    from harness.runs import RunError, claim_run_folder, lock_run_folder
     from harness.training import CaptureError
 
+    multirun = hydra_cfg.mode.name == "MULTIRUN"
+    resumed = cfg.get("resume") is not None
     try:
+        if multirun:  # a job folder Hydra made (or reuses: hydra.sweep.dir of an earlier sweep)
+            claim_run_folder(run_dir, resume=resumed, overwrite=bool(cfg.get("overwrite")), own_hydra=True)
+        else:  # a folder named on the command line was claimed before Hydra wrote into it
+            lock_run_folder(run_dir)
+    except RunError as exc:
+        raise JobEnded("failed", f"error: {exc}", 2) from None
+    config.apply_task_env_defaults(cfg, hydra_cfg.runtime.choices, list(hydra_cfg.overrides.task))
+    try:
+        if multirun:  # a job's own sizes (a single run's were checked before Hydra started)
+            from harness import limits
+
+            limits.check_memory(cfg, build.validate(cfg, hydra_cfg.runtime.choices))
         run = build.build_run(cfg, hydra_cfg.runtime.choices)
     except config.ConfigError as exc:
-        if hydra_cfg.mode.name == "MULTIRUN":  # the sweep's job folder records why
-            write_json(run_dir / "summary.json", {"status": "failed", "error": str(exc)})
-        fail(exc)
-    if hydra_cfg.mode.name == "MULTIRUN" and run.settings.resume is not None:  # per job: its own checkpoint
+        if multirun:  # the sweep's job folder records why
+            _failed(run_dir, resumed, str(exc))
+        raise JobEnded("failed", f"error: {exc}", 2) from None
+    if multirun and run.settings.resume is not None:  # per job: its own checkpoint
         try:
             found = checkpoint.resolve(run.settings.resume, run_dir)
             if found is not None:
                 config.check_saved_config(checkpoint.load(found), cfg, found)
         except (config.ConfigError, checkpoint.CheckpointError) as exc:
-            fail(exc)  # no summary.json: the job folder's own one stays as it was
+            raise JobEnded("failed", f"error: {exc}", 2) from None  # the job folder's own summary stays
     if not (run_dir / "config.yaml").exists():
-        (run_dir / "config.yaml").write_text(config.resolved_yaml(cfg))
+        from harness.runs import write_bytes
+
+        write_bytes(run_dir / "config.yaml", config.resolved_yaml(cfg).encode())
     try:
         trainer = run.trainer()
     except (
         CaptureError,
         ValueError,
     ) as exc:  # ValueError: a task's check against the built env (a recording's initial state)
-        fail(ValueError(str(exc).splitlines()[0]))
+        raise JobEnded("failed", f"error: {str(exc).splitlines()[0]}", 2) from None
     return trainer
 
 

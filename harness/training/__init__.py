@@ -35,12 +35,22 @@ from harness.training.callbacks import (
     TensorBoardLog,
 )
 from harness.training.groups import SINGLE, Group, UpdateRule
-from harness.training.loop import Callback, Loop, Tally, TrainingInterrupted, TrainSettings, write_json
+from harness.training.loop import (
+    NONFINITE_LOSS_LIMIT,
+    Callback,
+    Loop,
+    Tally,
+    TrainingDiverged,
+    TrainingInterrupted,
+    TrainSettings,
+    write_json,
+)
 from harness.training.state import TrainState
 from harness.training.step import FIXED_COLUMNS, CaptureError, TrainStep, capture_blocker, training_update
 
 __all__ = [
     "FIXED_COLUMNS",
+    "NONFINITE_LOSS_LIMIT",
     "SINGLE",
     "Callback",
     "CaptureError",
@@ -51,6 +61,7 @@ __all__ = [
     "TrainState",
     "TrainStep",
     "Trainer",
+    "TrainingDiverged",
     "TrainingInterrupted",
     "UpdateRule",
     "training_update",
@@ -175,6 +186,9 @@ class Trainer:
         Raises:
             TrainingInterrupted: SIGINT/SIGTERM arrived; a checkpoint and summary.json
                 (``status: interrupted``) were written first.
+            TrainingDiverged: The loss or the parameters went non-finite and stayed so
+                (:mod:`harness.training.loop`); summary.json (``status: diverged``) was written
+                first, and no checkpoint after the last good one.
             harness.clip.NonFiniteGradientError: the ``error`` non-finite policy fired.
         """
         settings = self.settings

@@ -10,15 +10,34 @@ resume, signal handling, the HParams record (:mod:`harness.training.callbacks`).
 Order of a run::
 
     on_start        (callbacks in order; the checkpointer resumes first)
-    per iteration:  step -> [read-back -> on_rows -> on_log at log steps] -> on_iteration
+    per iteration:  step -> [read-back -> on_rows -> on_log at log steps -> divergence check]
+                    -> on_iteration
     on_end(summary) -> summary.json
     close           (always, in reverse order, also after an error)
+
+A run *diverges* (:class:`TrainingDiverged`, ``summary.json`` with ``"status": "diverged"``)
+when, at a read-back,
+
+- the parameters of any group hold nan or inf (a device reduction per group, read back with
+  the history; an update cannot bring them back), or
+- the loss has been nan or inf for :data:`NONFINITE_LOSS_LIMIT` iterations in a row (under
+  ``clip.nonfinite=skip`` nothing moves after a non-finite loss unless the rollout changes,
+  so a deterministic run would repeat it until the end), or
+
+when the loss evaluated after the last iteration is not finite. The loop then stops at
+once: the iterations read back so far are logged, no further checkpoint is written (the
+newest one on disk is the last good one), ``on_end`` is not called, every callback is
+closed, ``summary.json`` gets a ``diverged`` entry, and the exception's message is the one
+line to print. A shorter run of non-finite losses is counted and shown (skipped or zeroed
+steps on the progress line) and the run goes on; periodic checkpoints wait until the loss
+is finite again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import math
 import platform
 import signal
 import time
@@ -32,7 +51,20 @@ from harness.config import TrainSettings
 from harness.runs import write_json
 from harness.training.step import TrainStep
 
-__all__ = ["Callback", "Loop", "Tally", "TrainSettings", "TrainingInterrupted", "write_json"]
+__all__ = [
+    "NONFINITE_LOSS_LIMIT",
+    "Callback",
+    "Loop",
+    "Tally",
+    "TrainSettings",
+    "TrainingDiverged",
+    "TrainingInterrupted",
+    "write_json",
+]
+
+NONFINITE_LOSS_LIMIT = 10
+"""Iterations in a row with a nan or inf loss after which a run is diverged (checked at
+read-backs, so the run stops at the first read-back at or after that many)."""
 
 
 class TrainingInterrupted(RuntimeError):
@@ -48,10 +80,28 @@ class TrainingInterrupted(RuntimeError):
 
 @dataclasses.dataclass
 class Tally:
-    """Host-side running totals of a run, fed from the history read-backs; checkpointed."""
+    """Host-side running totals of a run, fed from the history read-backs; checkpointed.
 
-    losses: list[float] = dataclasses.field(default_factory=list)
-    norms: list[float] = dataclasses.field(default_factory=list)
+    Its size does not depend on the iteration count: the loss and gradient-norm curves live
+    in the TensorBoard events, the tally keeps only what the summary, the progress line, the
+    running ``loss/best`` and the divergence rule read. Losses are ``nan`` until known.
+
+    Attributes:
+        flushed: Iterations whose scalars were read back and logged.
+        initial_loss: The loss of iteration 1.
+        best_loss: The smallest finite loss read back (nan while there is none).
+        last_loss: The loss of iteration ``flushed``.
+        last_norm: The primary group's pre-clip gradient norm at iteration ``flushed``.
+        nonfinite_loss_since: The iteration (from 1) that began the current run of nan or inf
+            losses; None while the last loss read back is finite.
+    """
+
+    flushed: int = 0
+    initial_loss: float = math.nan
+    best_loss: float = math.nan
+    last_loss: float = math.nan
+    last_norm: float = math.nan
+    nonfinite_loss_since: int | None = None
     clipped_steps: int = 0
     skipped_steps: int = 0
     nonfinite_steps: int = 0
@@ -62,10 +112,39 @@ class Tally:
     groups: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     """The counts of every group after the primary one (a task with several groups)."""
 
-    @property
-    def flushed(self) -> int:
-        """Iterations whose scalars were read back and logged."""
-        return len(self.losses)
+    @classmethod
+    def from_meta(cls, saved: dict[str, Any]) -> Tally:
+        """The tally a checkpoint stored; one of the earlier layout, which kept every loss and
+        norm (``losses``, ``norms``), is reduced to the figures above."""
+        saved = dict(saved)
+        losses = [float(v) for v in saved.pop("losses", [])]
+        norms = [float(v) for v in saved.pop("norms", [])]
+        tally = cls(**{f.name: saved[f.name] for f in dataclasses.fields(cls) if f.name in saved})
+        if losses:
+            tally.feed(np.asarray(losses, dtype=np.float64), np.asarray(norms[-1:], dtype=np.float64))
+        return tally
+
+    def feed(self, losses: np.ndarray, norms: np.ndarray) -> None:
+        """Take the next iterations' losses and the primary group's pre-clip norms."""
+        if len(losses) == 0:
+            return
+        if self.flushed == 0:
+            self.initial_loss = float(losses[0])
+        finite = np.isfinite(losses)
+        if finite.any():
+            smallest = float(losses[finite].min())
+            self.best_loss = smallest if not self.best_loss <= smallest else self.best_loss
+        good = np.flatnonzero(finite)
+        if finite[-1]:
+            self.nonfinite_loss_since = None
+        elif good.size:  # the iteration after the last finite one (row r is iteration flushed + r + 1)
+            self.nonfinite_loss_since = self.flushed + int(good[-1]) + 2
+        elif self.nonfinite_loss_since is None:
+            self.nonfinite_loss_since = self.flushed + 1
+        self.flushed += len(losses)
+        self.last_loss = float(losses[-1])
+        if len(norms):
+            self.last_norm = float(norms[-1])
 
     def add(self, rows: np.ndarray, columns: list[str], group: Any = None) -> None:
         """Count the rows' iterations: the loss, and the primary group's norm, clipped,
@@ -74,8 +153,10 @@ class Tally:
         col = {
             stat: columns.index(tag(stat)) for stat in (tags.GRAD_NORM_PRE, tags.CLIPPED, tags.SKIPPED, tags.NONFINITE)
         }
-        self.losses.extend(float(v) for v in rows[:, columns.index(tags.LOSS_TOTAL)])
-        self.norms.extend(float(v) for v in rows[:, col[tags.GRAD_NORM_PRE]])
+        self.feed(
+            rows[:, columns.index(tags.LOSS_TOTAL)].astype(np.float64),
+            rows[:, col[tags.GRAD_NORM_PRE]].astype(np.float64),
+        )
         self.clipped_steps += int(rows[:, col[tags.CLIPPED]].sum())
         self.skipped_steps += int(rows[:, col[tags.SKIPPED]].sum())
         self.nonfinite_steps += int((rows[:, col[tags.NONFINITE]] > 0).sum())
@@ -89,9 +170,49 @@ class Tally:
         counts["skipped_steps"] += int(rows[:, columns.index(group.tag(tags.SKIPPED))].sum())
         counts["nonfinite_steps"] += int((rows[:, columns.index(group.tag(tags.NONFINITE))] > 0).sum())
 
-    def last(self, what: str) -> float:
-        values = self.losses if what == "loss" else self.norms
-        return values[-1] if values else float("nan")
+    def handled_steps(self, groups: Any) -> tuple[int, int]:
+        """Steps with a nan/inf gradient that made no update (skipped: ``clip.nonfinite=skip``
+        or ``error``) and those whose nan/inf entries became 0 (zeroed: ``zero``), summed over
+        ``groups`` (the step's :class:`~harness.training.groups.Group` objects, primary first)."""
+        skipped = zeroed = 0
+        for k, group in enumerate(groups):
+            counts = (
+                {"skipped_steps": self.skipped_steps, "nonfinite_steps": self.nonfinite_steps}
+                if k == 0
+                else self.groups.get(group.name, {})
+            )
+            if getattr(getattr(group, "rule", None), "nonfinite", "skip") == "zero":
+                zeroed += counts.get("nonfinite_steps", 0)
+            else:
+                skipped += counts.get("skipped_steps", 0)
+        return skipped, zeroed
+
+
+def handled_text(skipped: int, zeroed: int) -> str:
+    """``3 skipped steps, 1 zeroed step`` (the non-zero ones; empty when both are 0)."""
+    parts = [f"{n} {what} step{'s' if n != 1 else ''}" for n, what in ((skipped, "skipped"), (zeroed, "zeroed")) if n]
+    return ", ".join(parts)
+
+
+class TrainingDiverged(RuntimeError):
+    """The run diverged (module docstring); ``summary.json`` (``status: diverged``) was written.
+
+    Its message is the one line to print: the iteration, what went non-finite, the skipped
+    or zeroed steps and the newest checkpoint on disk.
+
+    Attributes:
+        iteration: The last iteration that ran (from 1).
+        what: ``loss``, ``parameters`` or ``final loss``.
+        summary: The summary written to ``summary.json``.
+        checkpoint: The newest checkpoint this run wrote or resumed from, or None.
+    """
+
+    def __init__(self, summary: dict[str, Any], message: str, checkpoint: Path | None):
+        self.summary = summary
+        self.iteration = int(summary["diverged"]["iteration"])
+        self.what = str(summary["diverged"]["what"])
+        self.checkpoint = checkpoint
+        super().__init__(message)
 
 
 class Callback:
@@ -145,12 +266,15 @@ class Loop:
     Attributes:
         start_iteration: The first iteration this process runs (0, or where a resume continues).
         tally: The host totals.
-        last_checkpoint: Path of the newest checkpoint this process wrote (set by the checkpointer).
+        last_checkpoint: Path of the newest checkpoint this process wrote or resumed from (set by
+            the checkpointer), or None.
         stop_signal: The signal that asked the run to stop, or None.
         interval: ``(clock, iteration)`` at the start of the current log interval.
         steady: ``(clock, iteration)`` after the last warm-up iteration (the eager first one
             and, with capture, the one that records the graph), or None before it: rates and
             the time left are estimated from the iterations after it.
+        divergence: What the divergence rule found at the last read-back (the ``diverged``
+            entry of the summary without its iteration), or None.
     """
 
     def __init__(self, step: TrainStep, settings: TrainSettings, callbacks: list[Callback], *, capture: bool):
@@ -166,6 +290,7 @@ class Loop:
         self._started = 0.0
         self.interval = (0.0, 0)
         self.steady: tuple[float, int] | None = None
+        self.divergence: dict[str, Any] | None = None
 
     @staticmethod
     def clock() -> float:
@@ -189,6 +314,8 @@ class Loop:
         Raises:
             TrainingInterrupted: A stop was requested; a checkpoint and summary.json
                 (``status: interrupted``) were written first.
+            TrainingDiverged: The run diverged (module docstring); summary.json
+                (``status: diverged``) was written first, no checkpoint after the last good one.
             harness.clip.NonFiniteGradientError: the ``error`` non-finite policy fired.
         """
         self.run_dir = Path(run_dir)
@@ -218,6 +345,8 @@ class Loop:
                 stopping = self.stop_signal is not None
                 if log_step or stopping or any(c.wants_rows(self, it) for c in self.callbacks):
                     self._flush(it, log_step)
+                if self.divergence is not None:
+                    self._diverged(it + 1, *step.evaluate())
                 for callback in self.callbacks:
                     callback.on_iteration(self, it)
                 if stopping:
@@ -226,7 +355,11 @@ class Loop:
                     write_json(self.run_dir / "summary.json", summary)
                     raise TrainingInterrupted(self.stop_signal, it + 1, self.last_checkpoint)
             self.fold_wall_time()
-            summary = self.summary(*step.evaluate(), status="finished")
+            final_loss, final_figures = step.evaluate()
+            if not math.isfinite(final_loss):
+                self.divergence = {"what": "final loss", "value": _word(final_loss)}
+                self._diverged(settings.iterations, final_loss, final_figures)
+            summary = self.summary(final_loss, final_figures, status="finished")
             for callback in self.callbacks:
                 callback.on_end(self, summary)
         finally:
@@ -234,6 +367,50 @@ class Loop:
                 callback.close(self)
         write_json(self.run_dir / "summary.json", summary)
         return summary
+
+    def _diverged(self, iteration: int, final_loss: float, final_figures: dict[str, Any]) -> None:
+        """Write the ``diverged`` summary and raise :class:`TrainingDiverged` after ``iteration``."""
+        self.fold_wall_time()
+        tally = self.tally
+        found = {"iteration": iteration, **self.divergence}
+        if tally.nonfinite_loss_since is not None:
+            found["loss_nonfinite_since"] = tally.nonfinite_loss_since
+        saved = self.last_checkpoint
+        found["last_checkpoint"] = str(saved) if saved is not None else None
+        summary = self.summary(final_loss, final_figures, status="diverged")
+        summary["diverged"] = found
+        write_json(self.run_dir / "summary.json", summary)
+        what = found["what"]
+        if what == "loss":
+            since = found["loss_nonfinite_since"]
+            reason = (
+                f"the loss has been {found['value']} since iteration {since} ({iteration - since + 1} iterations in a "
+                f"row; limit {NONFINITE_LOSS_LIMIT})"
+            )
+        elif what == "parameters":
+            where = f" of group '{found['group']}'" if len(self.step.groups) > 1 else ""
+            count = found["nonfinite_entries"]
+            entries = f"{count} nan or inf entr{'ies' if count != 1 else 'y'}"
+            reason = f"the parameters{where} are not finite ('{found['parameter']}' holds {entries})"
+        else:
+            reason = f"the loss after the last iteration is {found['value']}"
+        if what != "loss" and tally.nonfinite_loss_since is not None:
+            reason += f"; the loss has been {_word(tally.last_loss)} since iteration {tally.nonfinite_loss_since}"
+        handled = handled_text(*tally.handled_steps(self.step.groups.values()))
+        last = f"last good checkpoint: {saved}" if saved is not None else "no checkpoint was written before it"
+        message = f"diverged at iteration {iteration}: {reason}; " + (f"{handled}; " if handled else "") + last
+        raise TrainingDiverged(summary, message, saved)
+
+    def _check_divergence(self) -> None:
+        """The divergence rule at a read-back (module docstring): sets :attr:`divergence`."""
+        bad = self.step.nonfinite_parameters()
+        if bad:
+            group, parameter, count = bad[0]
+            self.divergence = {"what": "parameters", "group": group, "parameter": parameter, "nonfinite_entries": count}
+            return
+        since = self.tally.nonfinite_loss_since
+        if since is not None and self.tally.flushed - since + 1 >= NONFINITE_LOSS_LIMIT:
+            self.divergence = {"what": "loss", "value": _word(self.tally.last_loss)}
 
     def fold_wall_time(self) -> None:
         """Add the time since the last call to ``tally.wall_time_s`` (before a checkpoint is written)."""
@@ -255,6 +432,7 @@ class Loop:
         for callback in self.callbacks:
             callback.on_rows(self, first, rows)
         step.check()  # the `error` policy: raises after the rows are logged
+        self._check_divergence()  # acted on after this read-back is logged
         reductions = [group.read_reductions() for group in groups]
         count = sum(found for found, _ in reductions)
         if count > tally.lr_reductions:
@@ -286,7 +464,9 @@ class Loop:
     def summary(self, final_loss: float, final_figures: dict[str, Any], *, status: str) -> dict[str, Any]:
         """The run's summary (``summary.json``) from the tallies and a final evaluation."""
         tally, step = self.tally, self.step
-        losses = tally.losses
+        initial = tally.initial_loss
+        known = [v for v in (tally.best_loss, final_loss) if not math.isnan(v)]
+        best = min(known) if known else math.nan
         return {
             "status": status,
             "env": step.env.name,
@@ -295,10 +475,10 @@ class Loop:
             "versions": versions(),
             "iterations": self.settings.iterations,
             "iterations_done": tally.flushed,
-            "initial_loss": losses[0],
+            "initial_loss": initial,
             "final_loss": final_loss,
-            "best_loss": float(np.nanmin([*losses, final_loss])),
-            "loss_reduction": 1.0 - final_loss / losses[0] if losses[0] else None,
+            "best_loss": best,
+            "loss_reduction": 1.0 - final_loss / initial if initial else None,
             "wall_time_s": tally.wall_time_s,
             "clipped_steps": tally.clipped_steps,
             "skipped_steps": tally.skipped_steps,
@@ -311,6 +491,11 @@ class Loop:
             **({"groups": tally.groups} if tally.groups else {}),
             **step.task.summary(step.state.params.split(step.eval_params().numpy())),
         }
+
+
+def _word(value: float) -> str:
+    """``nan``, ``inf`` or ``-inf``."""
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
 def versions() -> dict[str, str | None]:

@@ -480,6 +480,23 @@ class TrainStep:
         for group in self.groups.values():
             group.check()
 
+    def nonfinite_parameters(self) -> list[tuple[str, str, int]]:
+        """Every parameter that holds nan or inf entries, at its group's training point or its
+        evaluation point (ScheduleFree's average): ``(group, parameter, entries)`` in layout
+        order. A device reduction per point and one small read-back (read-backs only)."""
+        found = []
+        for group in self.groups.values():
+            stats = group.stats_param  # recomputed before every other use (log_values)
+            points = [group.params.data]
+            if group.evaluates_elsewhere:
+                points.append(group.eval_params())
+            counts = np.zeros(len(group.params.names), dtype=np.int64)
+            for point in points:
+                stats.compute(point)
+                counts = np.maximum(counts, stats.segment_nonfinite.numpy())
+            found += [(group.name, name, int(n)) for name, n in zip(group.params.names, counts, strict=True) if n]
+        return found
+
     def log_values(self) -> dict[str, Any]:
         """Host values taken at log steps only, after the iteration ran.
 
