@@ -1,16 +1,27 @@
 """``python -m harness``: see :mod:`harness.cli`."""
 
-import os
+import signal
 import sys
 
+
+class _Terminated(BaseException):
+    """SIGTERM while the command line's modules are imported."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated
+
+
 if __name__ == "__main__":
+    # Until harness.cli installs its own handlers: a signal while it is imported is one line too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         from harness.cli import main
     except KeyboardInterrupt:  # Ctrl-C before any command started: nothing was written
-        print("interrupted before anything was written", file=sys.stderr)
+        print("interrupted by SIGINT before anything was written", file=sys.stderr)
         sys.exit(130)
-    try:
-        main()
-    except BrokenPipeError:  # the reader went away (`... --help | head`): stop quietly, as `cat` does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-        sys.exit(141)  # 128 + SIGPIPE, the shell's code for it
+    except _Terminated:
+        print("interrupted by SIGTERM before anything was written", file=sys.stderr)
+        sys.exit(143)
+    main()

@@ -106,13 +106,19 @@ def save(checkpoint: Checkpoint, folder: Path, *, keep: int) -> Path:
     payload = buffer.getvalue()
     final = folder / f"ckpt_{checkpoint.iteration:08d}{SUFFIX}"
     tmp = folder / f".{final.name}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(MAGIC)
-        f.write(hashlib.sha256(payload).digest())
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC)
+            f.write(hashlib.sha256(payload).digest())
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except OSError as exc:  # a full disk: no partial file stays behind, and the error names the checkpoint
+        tmp.unlink(missing_ok=True)
+        if exc.filename is None:
+            exc.filename = str(final)
+        raise
     _fsync_dir(folder)
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink()

@@ -193,6 +193,8 @@ def check_env_fields(cfg: DictConfig) -> tuple[Any, Any]:
     from harness import targets
     from harness.schema import SchemaError, build
 
+    if not isinstance(cfg.get("env"), DictConfig):
+        raise ConfigError("env: expected a mapping of the env's fields (a YAML file with _target_: ...)")
     fields = OmegaConf.to_container(cfg.env, resolve=True)
     target = fields.pop("_target_", None)
     try:  # the class is imported and checked, never called here (the env is built from the schema)
@@ -332,9 +334,14 @@ def _check_choice(group: str, value: Any, overrides: list[str]) -> None:
 
 
 def check_writable(field: str, folder: Path) -> None:
+    """Refuse, in one line, an output folder that cannot be created or written."""
     probe = folder
-    while not probe.exists():
-        probe = probe.parent
+    try:
+        while not probe.exists():
+            probe = probe.parent
+        probe.is_dir()
+    except OSError as exc:  # a name too long, a symbolic link loop
+        raise ConfigError(f"{field}: '{folder}' cannot be created ({exc.strerror or exc})") from None
     if not probe.is_dir():
         raise ConfigError(f"{field}: '{folder}' cannot be created: '{probe}' is not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
@@ -420,7 +427,13 @@ def run_overrides(run_dir: Path, command: str) -> list[str]:
         raise ConfigError(
             f"{command}: '{run_dir}' is not a run folder (no .hydra/overrides.yaml); accepted: outputs/<env>/<time>"
         )
-    kept = [o for o in yaml.safe_load(found.read_text()) or [] if not o.startswith(("resume=", "device="))]
+    from harness.files import FileCheckError, read_small_text
+
+    try:
+        text = read_small_text(found, command, accepted="a run folder's .hydra/overrides.yaml, as Hydra writes it")
+    except FileCheckError as exc:
+        raise ConfigError(str(exc)) from None
+    kept = [o for o in yaml.safe_load(text) or [] if not o.startswith(("resume=", "device="))]
     return [_renamed_override(o) for o in kept]
 
 

@@ -19,7 +19,15 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FileCheckError", "available_host_bytes", "check_file", "check_npz", "format_bytes", "read_limit"]
+__all__ = [
+    "FileCheckError",
+    "available_host_bytes",
+    "check_file",
+    "check_npz",
+    "format_bytes",
+    "read_limit",
+    "read_small_text",
+]
 
 GIB = 1024**3
 MIB = 1024**2
@@ -120,6 +128,32 @@ def check_file(path: Path, field: str, *, limit: int, accepted: str) -> int:
             f"(what such a file can hold here); accepted: {accepted}"
         )
     return int(info.st_size)
+
+
+SMALL_FILE_LIMIT = 16 * MIB
+"""The most bytes a small text file the harness reads (a run's overrides, a summary) may have."""
+
+
+def read_small_text(path: Path, field: str, *, accepted: str, limit: int = SMALL_FILE_LIMIT) -> str:
+    """A small text file a run folder holds (``.hydra/overrides.yaml``, ``summary.json``), read
+    only when it is a regular file of at most ``limit`` bytes (:func:`check_file`; opened
+    without blocking, so a FIFO swapped in after the check cannot hang the reader either).
+
+    Raises:
+        FileCheckError: One line starting with ``field``.
+    """
+    size = check_file(path, field, limit=limit, accepted=accepted)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise FileCheckError(f"{field}: '{path}' cannot be read ({exc.strerror}); accepted: {accepted}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileCheckError(f"{field}: '{path}' changed while it was read; accepted: {accepted}")
+        data = os.read(fd, size + 1)
+    finally:
+        os.close(fd)
+    return data[: size + 1].decode("utf-8", errors="replace")
 
 
 def read_limit(fraction: float = 0.25) -> int:

@@ -40,6 +40,7 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from harness import tags
+from harness.files import read_small_text
 from harness.runs import OutputError, atomic_output
 
 DIVERGED_FACTOR = 2.0
@@ -82,7 +83,8 @@ class JobRow:
 def _overrides(job: Path) -> dict[str, str] | None:
     """The job's command-line overrides by key; None when ``.hydra/overrides.yaml`` cannot be read."""
     try:
-        lines = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
+        text = read_small_text(job / ".hydra" / "overrides.yaml", "report", accepted="Hydra's overrides.yaml")
+        lines = yaml.safe_load(text) or []
         parsed = OverridesParser.create().parse_overrides([str(line) for line in lines])
     except Exception:  # a damaged file (a yaml, a parser or an OS error): the row says so
         return None
@@ -140,7 +142,7 @@ def _read_job(job: Path) -> JobRow:
     if not summary_path.exists():
         return row
     try:
-        summary = json.loads(summary_path.read_text())
+        summary = json.loads(read_small_text(summary_path, "report", accepted="a run's summary.json"))
         if not isinstance(summary, dict):
             raise ValueError("not an object")
     except (OSError, ValueError, UnicodeDecodeError):

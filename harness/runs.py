@@ -108,13 +108,16 @@ def check_writable(path: str | Path) -> None:
     """Refuse, in one line, a destination :func:`atomic_output` could not write.
 
     Raises:
-        OutputError: ``path`` is a folder, its folder does not exist or is read-only, or it is
-            a read-only file.
+        OutputError: ``path`` is a folder or another file that is not a regular one (a device
+            such as ``/dev/null``, which the rename would replace), its folder does not exist
+            or is read-only, or it is a read-only file.
     """
     path = Path(path)
     folder = path.parent
     if path.is_dir():
         raise OutputError(f"cannot write '{path}': a folder has that name; accepted: a file name (move the folder)")
+    if path.exists() and not path.is_file():  # a device (/dev/null), a FIFO, a socket: never replaced
+        raise OutputError(f"cannot write '{path}': it is not a regular file; accepted: a file name")
     if not folder.is_dir():
         raise OutputError(f"cannot write '{path}': '{folder}' is not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
@@ -249,7 +252,9 @@ def run_status(folder: str | Path) -> str:
     """A short description of the run in ``folder`` for messages: its summary's status and
     iterations, or what is there when it has no summary."""
     try:
-        summary = json.loads((Path(folder) / "summary.json").read_text())
+        from harness.files import read_small_text
+
+        summary = json.loads(read_small_text(Path(folder) / "summary.json", "summary.json", accepted="a file"))
         status = str(summary.get("status", "unknown"))
         done = summary.get("iterations_done")
         return f"a {status} run" + (f" of {done} iterations" if isinstance(done, int) else "")

@@ -93,10 +93,12 @@ def record_outcome(hydra_cfg: Any, run_dir: Path, status: str, line: str | None)
 
 def read_outcomes(sweep_dir: Path) -> dict[Path, dict[str, Any]]:
     """Every job folder of ``sweep_dir`` with a recorded outcome, and the outcome."""
+    from harness.files import read_small_text
+
     found: dict[Path, dict[str, Any]] = {}
     for path in sorted(Path(sweep_dir).rglob(f".hydra/{OUTCOME_FILE}")):
         try:
-            found[path.parent.parent] = json.loads(path.read_text())
+            found[path.parent.parent] = json.loads(read_small_text(path, "outcome", accepted="a file"))
         except (OSError, ValueError):
             found[path.parent.parent] = {"status": "running", "error": "unreadable outcome"}
     return found

@@ -237,7 +237,7 @@ def test_ctrl_c_while_the_env_is_built_stops_in_one_line_and_writes_nothing(tmp_
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err.strip() == "interrupted before training started; nothing was written"
+    assert err.strip() == "train: interrupted by SIGINT before it started; nothing was written"
     assert not (tmp_path / "outputs").exists()
 
 

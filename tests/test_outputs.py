@@ -235,3 +235,18 @@ def test_atomic_output_keeps_the_previous_file_when_the_write_fails(tmp_path):
         pytest.fail("the block runs")
     with pytest.raises(OutputError, match="is not a folder"):
         write_bytes(tmp_path / "missing" / "x.csv", b"")
+
+
+def test_a_destination_that_is_not_a_regular_file_is_never_replaced(tmp_path):
+    """A FIFO (like /dev/null or /dev/full, which a rename as root would replace) is refused."""
+    import os
+    import stat
+
+    from harness.runs import OutputError, atomic_output
+
+    fifo = tmp_path / "out.npz"
+    os.mkfifo(fifo)
+    with pytest.raises(OutputError, match="not a regular file"), atomic_output(fifo) as tmp:
+        tmp.write_bytes(b"x")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npz"]

@@ -174,26 +174,35 @@ def test_a_resumed_run_keeps_its_folders_hydra_record(finished, tmp_path):
 
 def test_a_resume_that_starts_from_scratch_hides_the_earlier_events(tmp_path):
     run = tmp_path / "run"
+    short = [a for a in TINY if not a.startswith("log_every=")]
     first = start_harness(
         "train",
-        *TINY,
+        *short,
         "iterations=100000",
         "log_every=1",
+        "plot_every=null",
         "checkpoint.every=0",
         f"hydra.run.dir={run}",
         cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        text=True,
+        stdout=subprocess.DEVNULL,
     )
-    for line in first.stdout:  # some iterations logged, no checkpoint yet
-        if "[5/100000]" in line or "[6/100000]" in line:
-            break
-    time.sleep(1.0)
-    first.kill()
-    first.wait(timeout=30)
+    deadline = time.monotonic() + 120
+    try:  # some iterations logged (the events are flushed at every log step), no checkpoint yet
+        while time.monotonic() < deadline:
+            events = list(run.glob("events.out.tfevents.*"))
+            if events and events[0].stat().st_size > 20_000:
+                break
+            assert first.poll() is None
+            time.sleep(0.2)
+    finally:
+        first.kill()
+        first.wait(timeout=30)
     assert not checkpoint.list_checkpoints(run / "checkpoints")
+    before = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    before.Reload()
+    assert len(before.Scalars("loss/total")) > 3  # the killed process logged steps 1, 2, 3, 4, ...
     again = run_harness(
-        "train", *TINY, "iterations=3", "log_every=1", "resume=auto", f"hydra.run.dir={run}", cwd=tmp_path
+        "train", *short, "iterations=3", "log_every=1", "resume=auto", f"hydra.run.dir={run}", cwd=tmp_path
     )
     assert again.returncode == 0, again.stderr
     acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
@@ -293,3 +302,15 @@ def test_a_sweep_runs_every_job_past_a_refused_a_crashed_and_a_diverged_one(laun
     with open(sweep / "report.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 6, rows
+
+
+def test_a_sweep_job_too_big_for_the_machine_is_refused_and_the_others_run(tmp_path):
+    sweep = tmp_path / "sweep"
+    sizes = [a for a in TINY if not a.startswith("env.world_count=")]
+    proc = run_harness(
+        "train", "-m", *sizes, "iterations=2", "env.world_count=1,100000000", f"hydra.sweep.dir={sweep}", cwd=tmp_path
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "sweep: 2 jobs: 1 finished, 1 failed" in proc.stdout, proc.stdout
+    refused = [line for line in proc.stderr.splitlines() if "env.world_count=100000000]" in line]
+    assert len(refused) == 1 and "env.world_count=100000000" in refused[0] and "needs" in refused[0], proc.stderr

@@ -8,8 +8,10 @@ needs, runs and prints; what two of them need is here, so no command imports ano
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import io
+import os
 import re
 import sys
 import warnings
@@ -26,6 +28,7 @@ __all__ = [
     "HYDRA_INFO_VALUES",
     "HYDRA_INSPECT_FLAGS",
     "HYDRA_VALUE_FLAGS",
+    "Terminated",
     "collector_paused",
     "dirname_overrides",
     "fail",
@@ -33,6 +36,18 @@ __all__ = [
     "run_hydra",
     "split_hydra_flags",
 ]
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived. Raised by the handler :func:`harness.cli.install_signal_handlers` installs, so
+    that the command stops as it does on Ctrl-C (``finally`` blocks run) and exits 143.
+
+    A ``BaseException``, like ``KeyboardInterrupt``: ``except Exception`` (Hydra's error
+    report, a command's cleanup of a failed run) does not swallow it. Its message, when
+    given, is the one line printed at the end.
+    """
+
+    signum = 15  # signal.SIGTERM
 
 
 def fail(exc: Exception | str) -> NoReturn:
@@ -89,7 +104,7 @@ def dirname_overrides(args: list[str]) -> list[str]:
     """Which overrides name a run's folder.
 
     A single run's folder is ``outputs/<env>/<date>_<time>_<overrides>``: its command-line
-    overrides except the env (already the parent folder), ``resume``, ``device`` and
+    overrides except the env (already the parent folder), ``resume``, ``overwrite``, ``device`` and
     Hydra's own (never part of it), so runs side by side in TensorBoard can be told apart by name. In a
     multirun, job folders are named by the swept values only: the command-line overrides
     that are the same for every job (``+env=cartpole iterations=50``) would only make the
@@ -108,7 +123,7 @@ def dirname_overrides(args: list[str]) -> list[str]:
     if multirun:
         keys = [o.key_or_group for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
     else:
-        keys = [o.key_or_group for o in parsed if o.key_or_group in ("env", "resume", "device")]
+        keys = [o.key_or_group for o in parsed if o.key_or_group in ("env", "resume", "overwrite", "device")]
     if not keys:
         return []
     keys = ["hydra.run.dir", "hydra.sweep.dir", *dict.fromkeys(keys)]
@@ -156,10 +171,15 @@ def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: 
             except config.ConfigError as exc:
                 fail(exc)
             except KeyboardInterrupt:  # e.g. while the env is built: no folder exists yet
-                print("interrupted before training started; nothing was written", file=sys.stderr)
+                print(f"{command}: interrupted by SIGINT before it started; nothing was written", file=sys.stderr)
                 sys.exit(130)
+            except Terminated:
+                print(f"{command}: interrupted by SIGTERM before it started; nothing was written", file=sys.stderr)
+                sys.exit(143)
         if resume_folder is not None and not any(a.startswith("hydra.run.dir=") for a in overrides):
             overrides = [*overrides, run_dir_override(resume_folder)]  # continue in the checkpoint's folder
+        if config_name == "train":
+            overrides = _claim_folders(overrides, multirun=bool(multirun))
     try:
         overrides = config.search_path_overrides(overrides)
     except config.ConfigError as exc:
@@ -183,6 +203,57 @@ def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: 
             main()
     finally:
         sys.argv = saved
+    from harness import sweep
+
+    if sweep.sweep_failed():  # a job failed or was killed: the sweep's line counted it
+        sys.exit(1)
+
+
+def _given(overrides: list[str]) -> dict[str, str]:
+    """The plain ``key=value`` overrides of a command line, by key (the values as written)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # Hydra reports malformed overrides itself
+        return {}
+    return {o.key_or_group: str(o.value()) for o in parsed if not o.is_sweep_override()}
+
+
+def _claim_folders(overrides: list[str], *, multirun: bool) -> list[str]:
+    """Before Hydra writes into a folder named on the command line, make sure the run may:
+    a single run's ``hydra.run.dir`` is locked by this process (:func:`harness.runs.claim_run_folder`:
+    refused when another process writes there, or when it holds a run and neither
+    ``resume=`` nor ``overwrite=true`` was given); a sweep's ``hydra.sweep.dir`` that holds
+    runs of an earlier sweep is refused likewise (each job then claims its own folder).
+    A resumed run keeps its folder's ``.hydra/`` as it was (``hydra.output_subdir=null``).
+    Default folders are fresh (``harness.unique``) and are claimed by the run itself."""
+    from harness.runs import RunError, claim_run_folder, holds_run
+
+    given = _given(overrides)
+    resume = given.get("resume") not in (None, "None", "null")
+    overwrite = given.get("overwrite", "false").lower() == "true"
+    if multirun:
+        folder = given.get("hydra.sweep.dir")
+        if folder is None or "${" in folder or resume or overwrite or not Path(folder).is_dir():
+            return overrides
+        held = [p.parent.parent for p in Path(folder).rglob(".hydra/overrides.yaml") if holds_run(p.parent.parent)]
+        if held:
+            fail(
+                f"hydra.sweep.dir: '{folder}' holds {len(held)} runs of an earlier sweep; accepted: resume=auto "
+                "to continue them, overwrite=true to replace them, or another folder"
+            )
+        return overrides
+    folder = given.get("hydra.run.dir")
+    if folder is None or "${" in folder:  # a name Hydra resolves (harness.unique claims it)
+        return overrides
+    try:
+        claim_run_folder(folder, resume=resume, overwrite=overwrite)
+    except RunError as exc:
+        fail(exc)
+    if resume and (Path(folder) / ".hydra" / "overrides.yaml").is_file():
+        overrides = [*overrides, "hydra.output_subdir=null"]
+    return overrides
 
 
 def user_help(text: str) -> str:
@@ -215,3 +286,113 @@ def run_folder_argument(
     if len(folders) != 1 or folders[0].startswith("-"):
         raise ValueError(f"{command}: expects one run folder, e.g. python -m harness {command} outputs/cartpole/<time>")
     return Path(folders[0]), found, overrides
+
+
+# Signals and system errors: the one line a command ends with (see harness.cli).
+
+_ERRNO_TEXT = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "read-only file system",
+    errno.ENAMETOOLONG: "a name in the path is too long",
+    errno.ENOTDIR: "a part of the path is not a folder",
+    errno.ELOOP: "too many levels of symbolic links",
+    errno.EISDIR: "it is a folder",
+    errno.ENOENT: "no such file or folder",
+    errno.EIO: "input/output error",
+}
+"""How :func:`os_error_line` says the common errors (else the system's own words)."""
+
+
+def _file_in_use(exc: BaseException) -> str | None:
+    """The file open in the frame that raised ``exc`` (a ``write()`` that failed names none),
+    else the first path that frame holds."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    values = list(tb.tb_frame.f_locals.values())
+    for value in values:
+        name = getattr(value, "name", None) if isinstance(value, io.IOBase) else None
+        if isinstance(name, str | os.PathLike):
+            return os.fsdecode(name)
+    return next((os.fsdecode(value) for value in values if isinstance(value, os.PathLike)), None)
+
+
+def os_error_line(exc: OSError, *related: BaseException) -> str:
+    """``'<path>': no space left on the device``: the path (both of a rename; where the error
+    names none, the file being written when it happened, found from ``exc`` or the
+    ``related`` exceptions raised with it), then why in words."""
+    why = _ERRNO_TEXT.get(exc.errno) if exc.errno is not None else None
+    why = why or (exc.strerror or str(exc) or type(exc).__name__).rstrip(".")
+    why = why[:1].lower() + why[1:]
+    paths = [os.fsdecode(p) for p in (exc.filename, exc.filename2) if p is not None]
+    if not paths:
+        found = next(filter(None, (_file_in_use(e) for e in (exc, *related))), None)
+        return why if found is None else f"'{found}': {why}"
+    return " -> ".join(f"'{p}'" for p in paths) + f": {why}"
+
+
+def system_error_line(exc: BaseException) -> str | None:
+    """One line for the first system error behind ``exc`` (an ``OSError``, or a file the
+    harness could not write, :class:`harness.runs.OutputError`), following the exceptions
+    raised while handling it: on a full disk the checkpoint that could not be written, not
+    the summary.json that then could not be written either. None when there is none (a bug
+    keeps its traceback)."""
+    runs = sys.modules.get("harness.runs")
+    output_error = getattr(runs, "OutputError", None) if runs is not None else None
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    errors = [e for e in chain if isinstance(e, OSError) or (output_error is not None and isinstance(e, output_error))]
+    if not errors:
+        return None
+    found = errors[-1]  # the deepest one happened first
+    return os_error_line(found, *reversed(chain)) if isinstance(found, OSError) else str(found)
+
+
+def config_error_line(exc: BaseException) -> str | None:
+    """One line for a config file Hydra, OmegaConf or YAML could not read (a YAML syntax
+    error names the file, line and column), or None for any other exception."""
+    kinds: list[type] = []
+    for module, name in (("yaml", "YAMLError"), ("hydra.errors", "HydraException")):
+        if module in sys.modules:
+            kinds.append(getattr(sys.modules[module], name))
+    if "omegaconf.errors" in sys.modules:
+        kinds.append(sys.modules["omegaconf.errors"].OmegaConfBaseException)
+    if not kinds or not isinstance(exc, tuple(kinds)):
+        return None
+    mark = getattr(exc, "problem_mark", None)  # yaml's MarkedYAMLError: where the file is broken
+    if mark is not None and getattr(exc, "problem", None):
+        context = f" ({exc.context})" if getattr(exc, "context", None) else ""
+        return f"'{mark.name}', line {mark.line + 1}, column {mark.column + 1}: {exc.problem}{context}"
+    texts = [str(exc)]
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and len(texts) < 4:
+        if str(cause) not in texts[-1]:
+            texts.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    return "; ".join(" ".join(part.split()) for part in texts if part.strip()) or type(exc).__name__
+
+
+@contextlib.contextmanager
+def system_errors_in_one_line(command: str) -> Iterator[None]:
+    """Inside a Hydra task function: a system error (:func:`system_error_line`) ends the
+    command with ``error: <command>: <line>`` and exit 1. Hydra would print its own report
+    of the exception first ("Error executing job with overrides: ..."), so a command run
+    through ``@hydra.main`` catches it here, before Hydra does; any other exception passes."""
+    try:
+        yield
+    except Exception as exc:
+        line = system_error_line(exc)
+        if line is None:
+            raise
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+        print(f"error: {command}: {line}", file=sys.stderr, flush=True)
+        sys.exit(1)

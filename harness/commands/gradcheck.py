@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from harness import config, init_warp
-from harness.commands.common import fail, run_hydra
+from harness.commands.common import fail, run_hydra, system_errors_in_one_line
 
 __all__ = ["gradcheck_command", "main"]
 
@@ -19,6 +19,11 @@ __all__ = ["gradcheck_command", "main"]
 @hydra.main(version_base="1.3", config_path=str(config.CONFIG_DIR), config_name="gradcheck")
 def gradcheck_command(cfg: DictConfig) -> None:
     """Print the gradient comparison; exit 1 when the worst error exceeds the tolerance."""
+    with system_errors_in_one_line("gradcheck"):
+        _gradcheck(cfg)
+
+
+def _gradcheck(cfg: DictConfig) -> None:
     from harness import build
 
     init_warp()

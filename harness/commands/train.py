@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from harness import config, init_warp, tags
-from harness.commands.common import run_dir_override, run_hydra
+from harness.commands.common import Terminated, run_dir_override, run_hydra, system_errors_in_one_line
 
 __all__ = ["main", "train_command"]
 
@@ -72,26 +72,29 @@ class JobEnded(Exception):
 
 
 def _single_run(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
-    """One run: every refusal or failure is one line and a non-zero exit."""
+    """One run: every refusal or failure is one line and a non-zero exit (a system error,
+    e.g. a full disk: exit 1, :func:`~harness.commands.common.system_errors_in_one_line`)."""
     from harness.runs import LOCK_NAME
 
     # A single run's folder that Hydra has just made (nothing but .hydra/ in it): removed
-    # again when Ctrl-C comes before training starts, so no empty run is left behind.
+    # again when a signal comes before training starts, so no empty run is left behind.
     fresh = {p.name for p in run_dir.iterdir()} <= {".hydra", LOCK_NAME}
     try:
-        try:
-            trainer = _prepare(cfg, hydra_cfg, run_dir)
-        except KeyboardInterrupt:
-            if fresh:
-                shutil.rmtree(run_dir, ignore_errors=True)
-            kept = "nothing was kept" if fresh else f"{run_dir} was left as it was"
-            print(f"interrupted before training started; {kept}", file=sys.stderr)
-            sys.exit(130)
-        except JobEnded:
-            if fresh:  # refused before anything of the run was written
-                shutil.rmtree(run_dir, ignore_errors=True)
-            raise
-        return _train(cfg, hydra_cfg, run_dir, trainer)
+        with system_errors_in_one_line("train"):
+            try:
+                trainer = _prepare(cfg, hydra_cfg, run_dir)
+            except (KeyboardInterrupt, Terminated) as exc:
+                if fresh:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                kept = "nothing was kept" if fresh else f"{run_dir} was left as it was"
+                name = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+                print(f"train: interrupted by {name} before training started; {kept}", file=sys.stderr)
+                sys.exit(143 if isinstance(exc, Terminated) else 130)
+            except JobEnded:
+                if fresh:  # refused before anything of the run was written
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                raise
+            return _train(cfg, hydra_cfg, run_dir, trainer)
     except JobEnded as exc:
         print(exc.line, file=sys.stderr, flush=True)
         sys.exit(exc.code)

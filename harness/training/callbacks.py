@@ -25,7 +25,7 @@ from harness import checkpoint as ckpt
 from harness import tags
 from harness.adjoint import profile_histogram_values, profile_image, profile_summary
 from harness.events import EventWriter
-from harness.training.loop import Callback, Loop, Tally
+from harness.training.loop import Callback, Loop, Tally, handled_text
 
 __all__ = [
     "Checkpointer",
@@ -40,6 +40,12 @@ __all__ = [
 
 class Checkpointer(Callback):
     """Resume at the start; checkpoints every ``every`` iterations, on a stop request and at the end.
+
+    A periodic checkpoint falls due only while the last loss read back is finite (it waits
+    for the next multiple of ``every`` otherwise), and a diverged run writes none after the
+    divergence (:class:`~harness.training.loop.TrainingDiverged`): the newest checkpoint is
+    the last good one. The tally stored with it has the same size at every iteration
+    (:class:`~harness.training.loop.Tally`).
 
     Args:
         every: Iterations between checkpoints (0: only on a stop request and at the end).
@@ -67,8 +73,9 @@ class Checkpointer(Callback):
         except ValueError as exc:
             raise ckpt.CheckpointError(f"resume: checkpoint '{path}' does not fit this run ({exc})") from None
         loop.step.timing.update(saved.meta.get("timing", {}))
-        loop.tally = Tally(**saved.meta["tally"])
+        loop.tally = Tally.from_meta(saved.meta["tally"])
         loop.start_iteration = saved.iteration
+        loop.last_checkpoint = path
         ckpt.set_aside_newer(path, saved.iteration)
         print(f"resumed from {path} at iteration {saved.iteration} of {loop.settings.iterations}", flush=True)
 
@@ -79,7 +86,8 @@ class Checkpointer(Callback):
         return self._due(loop, iteration)
 
     def on_iteration(self, loop: Loop, iteration: int) -> None:
-        if self._due(loop, iteration) or loop.stop_signal is not None:
+        due = self._due(loop, iteration) and loop.tally.nonfinite_loss_since is None
+        if due or loop.stopping:
             loop.fold_wall_time()
             self.save(loop, iteration + 1)
 
@@ -106,7 +114,23 @@ class Checkpointer(Callback):
 
 
 class SignalStop(Callback):
-    """SIGINT or SIGTERM: finish the iteration, checkpoint, stop; a second SIGINT stops at once.
+    """SIGINT or SIGTERM: finish the iteration, checkpoint, stop; a second signal stops at once.
+
+    The first signal says at once, on the progress stream, what happens next::
+
+        SIGINT: stopping after iteration 37 finishes: writing a checkpoint (Ctrl-C again to stop at once)
+
+    and asks the loop to stop (:meth:`Loop.request_stop`: it finishes the iteration, writes a
+    checkpoint and an ``interrupted`` summary.json, and raises ``TrainingInterrupted``).
+
+    A second signal of either kind stops at once, wherever the loop is: it raises what the
+    process's own handler for that signal raises (``KeyboardInterrupt`` for SIGINT; for
+    SIGTERM :class:`harness.commands.common.Terminated` under the command line), its message the one line
+    to print, which names the newest complete checkpoint in the run folder. Checkpoints are
+    written atomically (:func:`harness.checkpoint.save`), so one being written at that
+    moment is not left behind half-written and the newest complete one still loads. Where
+    SIGTERM had no handler of Python's (the library used alone), the line is printed and
+    the process ends by the signal's default action.
 
     Handlers can only be installed from the main thread (a launcher may run a job in
     another); elsewhere the process's own handling applies.
@@ -114,19 +138,64 @@ class SignalStop(Callback):
 
     def __init__(self) -> None:
         self._previous: dict[int, Any] = {}
+        self._done = 0  # iterations completed: the one running is the next
 
     def on_start(self, loop: Loop) -> None:
+        self._done = loop.start_iteration
         if threading.current_thread() is not threading.main_thread():
             return
+        label = next((c.label for c in loop.callbacks if isinstance(c, ProgressLine)), "")
 
         def handler(signum: int, frame: Any) -> None:
-            if loop.stop_signal is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            loop.request_stop(signum)
+            name = signal.Signals(signum).name
+            if loop.stop_signal is None:
+                loop.request_stop(signum)
+                self._say(
+                    f"{label}{name}: stopping after iteration {loop.stops_after} finishes: writing a checkpoint "
+                    "(Ctrl-C again to stop at once)"
+                )
+                return
+            self._stop_at_once(loop, signum, frame)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, handler)
+
+    @staticmethod
+    def _say(line: str) -> None:
+        """One line on stdout, the progress stream, below a progress line redrawn in place."""
+        stream = sys.stdout
+        try:
+            fresh = "\n" if stream.isatty() else ""
+            stream.write(f"{fresh}{line}\n")
+            stream.flush()
+        except (OSError, ValueError):  # stdout closed or gone: the signal still stops the run
+            pass
+
+    def _stop_at_once(self, loop: Loop, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        saved = ckpt.list_checkpoints(ckpt.checkpoint_dir(loop.run_dir))
+        kept = (
+            f"newest complete checkpoint: {saved[-1]} (resume=auto continues from it)"
+            if saved
+            else "no checkpoint was written"
+        )
+        line = f"stopped at once by a second signal ({name}) in iteration {self._done + 1}; {kept}"
+        previous = self._previous.get(signum)
+        if signum == signal.SIGINT or not callable(previous):
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt(line)
+            print(line, file=sys.stderr, flush=True)
+            signal.signal(signum, signal.SIG_DFL)  # the signal's own action: the process ends
+            signal.raise_signal(signum)
+            return
+        try:
+            previous(signum, frame)  # harness.cli's SIGTERM handler raises its Terminated
+        except BaseException as exc:
+            raise type(exc)(line) from None
+
+    def on_iteration(self, loop: Loop, iteration: int) -> None:
+        self._done = iteration + 1
 
     def close(self, loop: Loop) -> None:
         for sig, previous in self._previous.items():
@@ -146,12 +215,15 @@ class TensorBoardLog(Callback):
 
     def __init__(self) -> None:
         self.writer: EventWriter | None = None
-        self._best: float | None = None  # the running loss/best (from the tally once, after a resume)
+        self._best = float("nan")  # the running loss/best (the resumed tally's, set at the start)
         self._clipped: dict[str, int] | None = None  # clipped steps so far, per group's clipped_fraction tag
 
     def on_start(self, loop: Loop) -> None:
-        # A resumed run hides whatever an earlier process wrote after its checkpoint.
-        self.writer = EventWriter(loop.run_dir, purge_step=loop.start_iteration + 1 if loop.start_iteration else None)
+        # A resumed run hides whatever an earlier process wrote after its checkpoint; one that
+        # starts from scratch in a folder with events (resume=auto before any checkpoint) all of it.
+        earlier = loop.start_iteration > 0 or any(loop.run_dir.glob("events.out.tfevents.*"))
+        self.writer = EventWriter(loop.run_dir, purge_step=loop.start_iteration + 1 if earlier else None)
+        self._best = loop.tally.best_loss  # after the checkpointer's resume: the best so far (nan: none)
 
     def on_rows(self, loop: Loop, first: int, rows: np.ndarray) -> None:
         columns, tally = loop.step.columns, loop.tally
@@ -160,9 +232,6 @@ class TensorBoardLog(Callback):
         if self._clipped is None:  # the clipped counts before these rows (the tallies already count them)
             counts = [tally.clipped_steps, *(tally.groups.get(g.name, {}).get("clipped_steps", 0) for g in groups[1:])]
             self._clipped = {tag: n - int(c.sum()) for (tag, c), n in zip(clipped.items(), counts, strict=True)}
-        if self._best is None:
-            earlier = np.asarray(tally.losses[:first], dtype=np.float64)
-            self._best = float(np.nanmin(earlier)) if np.isfinite(earlier).any() else float("nan")
         best = self._best
         for r, values in enumerate(rows):
             scalars = dict(zip(columns, (float(v) for v in values), strict=True))
@@ -384,16 +453,17 @@ class ProgressLine(Callback):
     so a healthy run never shows nan. Before a warm-up iteration (the first, eager one, which
     compiles or loads kernels, and the one that captures the graph) a line says so; the
     rate and the time left count only the iterations after the warm-up, so the first lines'
-    estimate is not thrown off by it.
+    estimate is not thrown off by it. Once an iteration had a nan/inf gradient, the line ends
+    with how many steps so far were skipped or zeroed (``clip.nonfinite``), as read back.
 
     Args:
-        stream: Where the line goes.
+        stream: Where the line goes; default: ``sys.stdout`` when the callback is made.
         interactive: Redraw in place; default: whether ``stream`` is a terminal.
         label: Put before every line (which job of a sweep the line is from).
     """
 
-    def __init__(self, *, stream: TextIO = sys.stdout, interactive: bool | None = None, label: str | None = None):
-        self.stream = stream
+    def __init__(self, *, stream: TextIO | None = None, interactive: bool | None = None, label: str | None = None):
+        stream = self.stream = stream if stream is not None else sys.stdout
         self.label = f"{label} " if label else ""
         self.interactive = stream.isatty() if interactive is None else interactive
         self._logged = -1
@@ -410,9 +480,12 @@ class ProgressLine(Callback):
             every = loop.settings.log_every
             values = f"loss and |g|pre from iteration {min(total, every * (done // every + 1))}"
         else:
-            values = f"loss {loop.tally.last('loss'):.6g}  |g|pre {loop.tally.last('norm'):.3e}"
+            values = f"loss {loop.tally.last_loss:.6g}  |g|pre {loop.tally.last_norm:.3e}"
             if seen != done:
                 values += f" (at {seen})"
+            handled = handled_text(*loop.tally.handled_steps(loop.step.groups.values()))
+            if handled:
+                values += f"  {handled}"
         if rate is None:
             pace = "time left after warm-up" if done < total else "done"
             speed = ""

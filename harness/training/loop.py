@@ -269,6 +269,11 @@ class Loop:
         last_checkpoint: Path of the newest checkpoint this process wrote or resumed from (set by
             the checkpointer), or None.
         stop_signal: The signal that asked the run to stop, or None.
+        stopping: Whether the current iteration is the last: the loop saw ``stop_signal``
+            after running it (callbacks checkpoint on this, not on ``stop_signal``, which a
+            signal may set after the loop's check).
+        stops_after: The iteration, counted from 1, after which the loop stops if a stop is
+            requested now (the running one, or the next once the loop has checked).
         interval: ``(clock, iteration)`` at the start of the current log interval.
         steady: ``(clock, iteration)`` after the last warm-up iteration (the eager first one
             and, with capture, the one that records the graph), or None before it: rates and
@@ -286,6 +291,8 @@ class Loop:
         self.tally = Tally()
         self.last_checkpoint: Path | None = None
         self.stop_signal: int | None = None
+        self.stopping = False
+        self.stops_after = 0
         self.run_dir = Path(".")
         self._started = 0.0
         self.interval = (0.0, 0)
@@ -328,6 +335,7 @@ class Loop:
             self._started = time.perf_counter()
             self.interval = (self._started, self.start_iteration)
             for it in range(self.start_iteration, settings.iterations):
+                self.stops_after, self.stopping = it + 1, False
                 capturing = self.capture and step.graph is None and it > self.start_iteration
                 warmup = it == self.start_iteration or capturing
                 if warmup:
@@ -342,7 +350,9 @@ class Loop:
                 if it == 0:
                     self.tally.initial_figures = step.env.describe(step.trajectory)
                 log_step = (it + 1) % settings.log_every == 0 or it == settings.iterations - 1
-                stopping = self.stop_signal is not None
+                stopping = self.stopping = self.stop_signal is not None
+                if not stopping:  # a stop requested from here on takes effect after the next iteration
+                    self.stops_after = it + 2
                 if log_step or stopping or any(c.wants_rows(self, it) for c in self.callbacks):
                     self._flush(it, log_step)
                 if self.divergence is not None:
