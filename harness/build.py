@@ -248,6 +248,11 @@ def build_run(cfg: DictConfig, choices: Mapping[str, Any] | None = None, *, eval
     return run
 
 
+PRECHECKED: dict[str, Any] = {}
+"""The composed command line's ``resume`` and ``overwrite`` (set by :func:`precheck`), which
+decide whether a run may write into a folder that holds a run."""
+
+
 def precheck(config_name: str, args: list[str]) -> Path | None:
     """Validate a command line before Hydra creates any folder.
 
@@ -264,6 +269,8 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     multirun = any(a in ("-m", "--multirun") for a in args)
     overrides = [a for a in args if not a.startswith("-")]
     cfg, choices, parsed = compose_command(config_name, overrides, multirun=multirun)
+    PRECHECKED.clear()
+    PRECHECKED.update(resume=cfg.get("resume"), overwrite=bool(cfg.get("overwrite", False)))
     run = validate(cfg, choices)
     given = {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
     field = "hydra.sweep.dir" if multirun else "hydra.run.dir"

@@ -379,7 +379,7 @@ def unique_folder(name: str) -> str:
             continue
         _claimed[name] = candidate
         return candidate
-    raise ConfigError(f"hydra.run.dir: 9999 folders named '{name}_*' exist; accepted: another hydra.run.dir")
+    raise ConfigError(f"harness.unique: 9999 folders named '{name}_*' exist; accepted: another folder name")
 
 
 def apply_task_env_defaults(cfg: DictConfig, choices: Mapping[str, Any], overrides: list[str]) -> None:

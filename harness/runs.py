@@ -296,30 +296,39 @@ def lock_run_folder(folder: str | Path, field: str = "hydra.run.dir") -> None:
 
 def claim_run_folder(
     folder: str | Path, *, resume: bool, overwrite: bool, own_hydra: bool = False, field: str = "hydra.run.dir"
-) -> None:
+) -> bool:
     """Lock ``folder`` for a run (:func:`lock_run_folder`) and check that the run may write
     there: a folder that already holds a run is continued only by a resume and replaced only
-    with ``overwrite=true``, whose old files are removed here (after every check passed).
-    ``own_hydra``: Hydra has already written this process's ``.hydra/`` into it (a sweep's
-    job), which neither counts as a run nor is removed.
+    with ``overwrite=true``. ``own_hydra``: Hydra has already written this process's
+    ``.hydra/`` into it, which does not count as a run.
+
+    Returns:
+        Whether the folder holds a run that ``overwrite=true`` replaces: the caller removes it
+        (:func:`clear_run_folder`) once the new run has passed every check.
 
     Raises:
         RunError: One line: the folder is in use, or holds a run and neither resume nor
             overwrite was asked for.
     """
-    import shutil
-
     folder = Path(folder)
     lock_run_folder(folder, field)
     if resume or not holds_run(folder, own_hydra=own_hydra):
-        return
+        return False
     if not overwrite:
         raise RunError(
             f"{field}: '{folder}' holds {run_status(folder)}; accepted: resume=auto to continue it, "
             "overwrite=true to replace it, or another folder"
         )
-    for entry in folder.iterdir():
-        if entry.name == LOCK_NAME or (own_hydra and entry.name == ".hydra"):
+    return True
+
+
+def clear_run_folder(folder: str | Path) -> None:
+    """Remove an earlier run's files from ``folder`` (``overwrite=true``), all but the lock and
+    Hydra's ``.hydra/`` of the process that replaces it."""
+    import shutil
+
+    for entry in Path(folder).iterdir():
+        if entry.name in (LOCK_NAME, ".hydra"):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)

@@ -3,10 +3,9 @@ count how the jobs ended.
 
 Every job of a sweep records its outcome in ``<job>/.hydra/harness_outcome.json``
 (:func:`record_outcome`: ``running`` when it starts, then ``finished``, ``failed`` or
-``diverged``); a job never ends the sweep, only a signal does. :class:`SweepOutcome` removes
-the outcomes an earlier launch left in the sweep folder before the jobs start, and at the end
-prints one line counting them; the command exits 1 when a job failed or never recorded its
-end (:data:`LAST_COUNTS`).
+``diverged``); a job never ends the sweep, only a signal does. :class:`SweepOutcome` prints
+one line at the end counting this launch's outcomes; the command exits 1 when a job failed or
+never recorded its end (:data:`LAST_COUNTS`).
 
 Warp compiles each kernel module on first use and caches the binary under
 ``WARP_CACHE_PATH`` (default ``~/.cache/warp/<version>``). The cache is safe to share:
@@ -20,6 +19,7 @@ find every heavy module cached.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -59,16 +59,17 @@ class WarmKernelCache(Callback):
                 cfg.env.horizon = 1
                 cfg.env.world_count = 1
             run = build.build_run(cfg, choices)
-        except (harness_config.ConfigError, ImportError) as exc:
-            print(f"kernel cache warm-up skipped ({exc})", file=sys.stderr, flush=True)
+            settings = harness_config.TrainSettings(
+                iterations=1, log_every=1, seed=run.settings.seed, device=run.settings.device
+            )
+            trainer = run.trainer(settings)
+            trainer.step.run()  # every kernel of an iteration (a capture records the same kernels)
+            trainer.step.log_values()
+            trainer.step.evaluate()
+        except Exception as exc:  # the jobs report their own refusals and failures, one line each
+            line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"kernel cache warm-up skipped ({line})", file=sys.stderr, flush=True)
             return
-        settings = harness_config.TrainSettings(
-            iterations=1, log_every=1, seed=run.settings.seed, device=run.settings.device
-        )
-        trainer = run.trainer(settings)
-        trainer.step.run()  # every kernel of an iteration (a capture records the same kernels)
-        trainer.step.log_values()
-        trainer.step.evaluate()
         print(f"kernel cache warmed in {time.perf_counter() - start:.1f} s", flush=True)
 
 
@@ -88,15 +89,20 @@ def record_outcome(hydra_cfg: Any, run_dir: Path, status: str, line: str | None)
     folder = Path(run_dir) / ".hydra"
     if folder.is_dir():
         record = {"job": int(hydra_cfg.job.num), "overrides": str(hydra_cfg.job.override_dirname)}
-        write_json(folder / OUTCOME_FILE, {**record, "status": status, "error": line})
+        with contextlib.suppress(OSError):  # a full disk: the job's own line said what happened
+            write_json(folder / OUTCOME_FILE, {**record, "status": status, "error": line})
 
 
-def read_outcomes(sweep_dir: Path) -> dict[Path, dict[str, Any]]:
-    """Every job folder of ``sweep_dir`` with a recorded outcome, and the outcome."""
+def read_outcomes(sweep_dir: Path, *, since: float = 0.0) -> dict[Path, dict[str, Any]]:
+    """Every job folder of ``sweep_dir`` with an outcome recorded at or after ``since`` (a file
+    time; earlier ones are an earlier launch's), and the outcome."""
     from harness.files import read_small_text
 
     found: dict[Path, dict[str, Any]] = {}
     for path in sorted(Path(sweep_dir).rglob(f".hydra/{OUTCOME_FILE}")):
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime < since:
+                continue
         try:
             found[path.parent.parent] = json.loads(read_small_text(path, "outcome", accepted="a file"))
         except (OSError, ValueError):
@@ -105,24 +111,30 @@ def read_outcomes(sweep_dir: Path) -> dict[Path, dict[str, Any]]:
 
 
 class SweepOutcome(Callback):
-    """Count the jobs' outcomes at the end of a sweep: one line, and :data:`LAST_COUNTS`."""
+    """Count the jobs' outcomes at the end of a sweep: one line, and :data:`LAST_COUNTS`.
+
+    The outcomes of this launch are those recorded since Hydra wrote the sweep's
+    ``multirun.yaml`` (it does, before any job starts); outcome files of an earlier sweep into
+    the same folder are neither counted nor touched.
+    """
 
     def __init__(self) -> None:
         self.sweep_dir: Path | None = None
+        self.started = 0.0
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         global LAST_COUNTS
         LAST_COUNTS = None
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
-        if self.sweep_dir.is_dir():  # outcomes of an earlier launch into the same folder
-            for path in self.sweep_dir.rglob(f".hydra/{OUTCOME_FILE}"):
-                path.unlink(missing_ok=True)
+        self.started = time.time()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global LAST_COUNTS
         if self.sweep_dir is None:
             return
-        outcomes = read_outcomes(self.sweep_dir)
+        launched = self.sweep_dir / "multirun.yaml"
+        since = launched.stat().st_mtime if launched.is_file() else self.started - 1.0
+        outcomes = read_outcomes(self.sweep_dir, since=since)
         counts = Counter(str(o.get("status")) for o in outcomes.values())
         LAST_COUNTS = counts
         parts = [f"{counts[s]} {s}" for s in ("finished", "failed", "diverged") if counts[s] or s != "diverged"]

@@ -217,8 +217,31 @@ def test_a_sweep_dir_holding_an_earlier_sweep_is_refused(tmp_path):
     assert first.returncode == 0, first.stderr
     before = snapshot(sweep)
     again = run_harness("train", "-m", *TINY, "iterations=2", "seed=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
-    one_line_refusal(again, "hydra.sweep.dir", "2 runs of an earlier sweep")
+    one_line_refusal(again, "hydra.sweep.dir", "runs of an earlier sweep in 2 of this sweep's job folders")
     assert snapshot(sweep) == before
+    # a sweep whose job folders are new may share the folder: the earlier jobs stay as they were
+    more = run_harness("train", "-m", *TINY, "iterations=2", "seed=2,3", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert more.returncode == 0, more.stderr
+    assert "sweep: 2 jobs: 2 finished, 0 failed (" in more.stdout, more.stdout  # this launch's jobs only
+    assert json.loads((sweep / "seed=2" / "summary.json").read_text())["status"] == "finished"
+    assert {k: v for k, v in snapshot(sweep).items() if not k.startswith(("seed=2", "seed=3", "multirun.yaml"))} == {
+        k: v for k, v in before.items() if not k.startswith("multirun.yaml")
+    }
+
+
+def test_a_folder_named_through_an_interpolation_is_checked_too(finished, tmp_path):
+    """The run claims its folder however it was named (here through an environment variable)."""
+    before = {k: v for k, v in snapshot(finished).items() if not k.startswith(".hydra")}
+    proc = run_harness(
+        "train",
+        *TINY,
+        "iterations=4",
+        "hydra.run.dir=${oc.env:RUN_FOLDER}",
+        cwd=tmp_path,
+        env={"RUN_FOLDER": str(finished)},
+    )
+    one_line_refusal(proc, "a finished run of 4 iterations", "overwrite=true")
+    assert {k: v for k, v in snapshot(finished).items() if not k.startswith(".hydra")} == before
 
 
 CRASHING = """

@@ -224,28 +224,35 @@ def _claim_folders(overrides: list[str], *, multirun: bool) -> list[str]:
     """Before Hydra writes into a folder named on the command line, make sure the run may:
     a single run's ``hydra.run.dir`` is locked by this process (:func:`harness.runs.claim_run_folder`:
     refused when another process writes there, or when it holds a run and neither
-    ``resume=`` nor ``overwrite=true`` was given); a sweep's ``hydra.sweep.dir`` that holds
-    runs of an earlier sweep is refused likewise (each job then claims its own folder).
-    A resumed run keeps its folder's ``.hydra/`` as it was (``hydra.output_subdir=null``).
-    Default folders are fresh (``harness.unique``) and are claimed by the run itself."""
+    ``resume=`` nor ``overwrite=true`` was given); a sweep whose job folders (under an
+    existing ``hydra.sweep.dir``) hold runs is refused likewise (:func:`_sweep_job_folders`;
+    each job then claims its own folder). A resumed run keeps its folder's ``.hydra/`` as it
+    was (``hydra.output_subdir=null``). Default folders are fresh (``harness.unique``); a run
+    claims its folder itself, whatever named it (:func:`harness.commands.train._prepare`).
+    ``resume`` and ``overwrite`` are read from the composed config (an experiment may set
+    them) when :func:`harness.build.precheck` composed it, else from the command line."""
+    from harness import build
     from harness.runs import RunError, claim_run_folder, holds_run
 
     given = _given(overrides)
-    resume = given.get("resume") not in (None, "None", "null")
-    overwrite = given.get("overwrite", "false").lower() == "true"
+    settings = build.PRECHECKED
+    resume_value = settings["resume"] if "resume" in settings else given.get("resume")
+    resume = resume_value not in (None, "None", "null")
+    overwrite = settings["overwrite"] if "overwrite" in settings else given.get("overwrite", "").lower() == "true"
     if multirun:
         folder = given.get("hydra.sweep.dir")
         if folder is None or "${" in folder or resume or overwrite or not Path(folder).is_dir():
             return overrides
-        held = [p.parent.parent for p in Path(folder).rglob(".hydra/overrides.yaml") if holds_run(p.parent.parent)]
+        held = [job for job in _sweep_job_folders(Path(folder), overrides) if holds_run(job)]
         if held:
             fail(
-                f"hydra.sweep.dir: '{folder}' holds {len(held)} runs of an earlier sweep; accepted: resume=auto "
-                "to continue them, overwrite=true to replace them, or another folder"
+                f"hydra.sweep.dir: '{folder}' holds runs of an earlier sweep in {len(held)} of this sweep's job "
+                f"folders (e.g. '{held[0].name}'); accepted: resume=auto to continue them, overwrite=true to "
+                "replace them, or another folder"
             )
         return overrides
     folder = given.get("hydra.run.dir")
-    if folder is None or "${" in folder:  # a name Hydra resolves (harness.unique claims it)
+    if folder is None or "${" in folder:  # a name Hydra resolves: the run claims it (train._prepare)
         return overrides
     try:
         claim_run_folder(folder, resume=resume, overwrite=overwrite)
@@ -254,6 +261,30 @@ def _claim_folders(overrides: list[str], *, multirun: bool) -> list[str]:
     if resume and (Path(folder) / ".hydra" / "overrides.yaml").is_file():
         overrides = [*overrides, "hydra.output_subdir=null"]
     return overrides
+
+
+def _sweep_job_folders(sweep_dir: Path, overrides: list[str]) -> list[Path]:
+    """The job folders a basic-sweeper multirun of ``overrides`` will write under
+    ``sweep_dir``: each job's overrides as Hydra names its folder (``override_dirname``, less
+    the keys :func:`dirname_overrides` excludes). Empty for another sweeper or a changed
+    ``hydra.sweep.subdir`` (whose job folders only Hydra knows; each job still claims its own)."""
+    from hydra._internal.config_loader_impl import get_overrides_dirname
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(overrides)
+        if any(o.key_or_group in ("hydra/sweeper", "hydra.sweep.subdir") for o in parsed):
+            return []
+        task = [o for o in parsed if not o.key_or_group.startswith(("hydra.", "hydra/"))]
+        jobs = BasicSweeper.split_arguments(task, None)[0]
+        exclude = ["hydra.run.dir", "hydra.sweep.dir"]
+        for arg in dirname_overrides(["-m", *overrides]):
+            exclude = [k.strip("'") for k in arg.partition("=[")[2].rstrip("]").split(",")]
+        return [sweep_dir / get_overrides_dirname(parser.parse_overrides(job), exclude, ",", "=") for job in jobs]
+    except Exception:  # Hydra reports malformed overrides and unsupported sweeps itself
+        return []
 
 
 def user_help(text: str) -> str:
@@ -348,7 +379,8 @@ def system_error_line(exc: BaseException) -> str | None:
     link: BaseException | None = exc
     while link is not None and link not in chain:
         chain.append(link)
-        link = link.__cause__ or link.__context__
+        # ``raise ... from None`` (a refusal made of an OSError) ends the chain there
+        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
     errors = [e for e in chain if isinstance(e, OSError) or (output_error is not None and isinstance(e, output_error))]
     if not errors:
         return None

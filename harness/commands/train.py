@@ -63,8 +63,9 @@ def train_command(cfg: DictConfig) -> float:
 
 
 class JobEnded(Exception):
-    """A run ended without finishing: ``status`` (``failed``, ``diverged``, ``refused``), the
-    one ``line`` to print, and the exit ``code`` of a single run (2: bad input, 1: failed)."""
+    """A run ended without finishing: ``status`` (``failed``: refused or crashed, or
+    ``diverged``), the one ``line`` to print, and the exit ``code`` of a single run (2: bad
+    input, 1: failed or diverged)."""
 
     def __init__(self, status: str, line: str, code: int):
         super().__init__(line)
@@ -74,11 +75,16 @@ class JobEnded(Exception):
 def _single_run(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
     """One run: every refusal or failure is one line and a non-zero exit (a system error,
     e.g. a full disk: exit 1, :func:`~harness.commands.common.system_errors_in_one_line`)."""
-    from harness.runs import LOCK_NAME
+    from harness.runs import LOCK_NAME, RunError, lock_run_folder
 
+    try:  # before anything else: another process may be writing here (then nothing is touched)
+        lock_run_folder(run_dir)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     # A single run's folder that Hydra has just made (nothing but .hydra/ in it): removed
-    # again when a signal comes before training starts, so no empty run is left behind.
-    fresh = {p.name for p in run_dir.iterdir()} <= {".hydra", LOCK_NAME}
+    # again when a signal or a refusal comes before training starts, so no empty run is left.
+    fresh = cfg.get("resume") is None and {p.name for p in run_dir.iterdir()} <= {".hydra", LOCK_NAME}
     try:
         with system_errors_in_one_line("train"):
             try:
@@ -155,7 +161,9 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> floa
             1,
         ) from None
     except Exception as exc:
-        write_json(run_dir / "summary.json", {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        loop = getattr(trainer, "loop", None)
+        untrained = loop is None or loop.tally.flushed <= loop.start_iteration
+        _failed(run_dir, cfg.get("resume") is not None and untrained, f"{type(exc).__name__}: {exc}")
         raise
     adjoint_logged = tags.ADJOINT_CLIPPED in trainer.step.columns  # the in-backward clip rescales
     print(
@@ -230,16 +238,13 @@ def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:
             to resume from or the env refuses), with its one line.
     """
     from harness import build, checkpoint
-    from harness.runs import RunError, claim_run_folder, lock_run_folder
+    from harness.runs import RunError, claim_run_folder, clear_run_folder
     from harness.training import CaptureError
 
     multirun = hydra_cfg.mode.name == "MULTIRUN"
     resumed = cfg.get("resume") is not None
-    try:
-        if multirun:  # a job folder Hydra made (or reuses: hydra.sweep.dir of an earlier sweep)
-            claim_run_folder(run_dir, resume=resumed, overwrite=bool(cfg.get("overwrite")), own_hydra=True)
-        else:  # a folder named on the command line was claimed before Hydra wrote into it
-            lock_run_folder(run_dir)
+    try:  # whatever named the folder (the command line, an experiment, a sweep's job)
+        replace = claim_run_folder(run_dir, resume=resumed, overwrite=bool(cfg.get("overwrite")), own_hydra=True)
     except RunError as exc:
         raise JobEnded("failed", f"error: {exc}", 2) from None
     config.apply_task_env_defaults(cfg, hydra_cfg.runtime.choices, list(hydra_cfg.overrides.task))
@@ -260,10 +265,6 @@ def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:
                 config.check_saved_config(checkpoint.load(found), cfg, found)
         except (config.ConfigError, checkpoint.CheckpointError) as exc:
             raise JobEnded("failed", f"error: {exc}", 2) from None  # the job folder's own summary stays
-    if not (run_dir / "config.yaml").exists():
-        from harness.runs import write_bytes
-
-        write_bytes(run_dir / "config.yaml", config.resolved_yaml(cfg).encode())
     try:
         trainer = run.trainer()
     except (
@@ -271,6 +272,12 @@ def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:
         ValueError,
     ) as exc:  # ValueError: a task's check against the built env (a recording's initial state)
         raise JobEnded("failed", f"error: {str(exc).splitlines()[0]}", 2) from None
+    if replace:  # overwrite=true: the earlier run goes only now that this one passed every check
+        clear_run_folder(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        from harness.runs import write_bytes
+
+        write_bytes(run_dir / "config.yaml", config.resolved_yaml(cfg).encode())
     return trainer
 
 

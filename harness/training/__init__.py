@@ -96,6 +96,8 @@ class Trainer:
         capture: Whether iterations after the first run as one captured graph.
         capture_reason: Why capture is off under ``capture=auto`` (None when it is on or
             was turned off by ``capture=false``).
+        loop: The :class:`Loop` of the last :meth:`fit` (None before one): where it started
+            and how far it got, also after it raised.
 
     Raises:
         CaptureError: ``settings.capture`` is True and something cannot be captured.
@@ -142,6 +144,7 @@ class Trainer:
                 components[role if not tagged else f"{group.name} {role}"] = member
         blocker = capture_blocker(env, self.device, components)
         self.capture_reason = None
+        self.loop: Loop | None = None
         if settings.capture is False:
             self.capture = False
         elif blocker is None:
@@ -212,4 +215,5 @@ class Trainer:
         if hparams is not None:
             built.append(HParamsRecord(tensorboard, hparams, swept=swept))
         loop = Loop(self.step, settings, [*built, *(callbacks or [])], capture=self.capture)
+        self.loop = loop
         return loop.fit(run_dir)

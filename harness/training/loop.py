@@ -352,7 +352,7 @@ class Loop:
                 log_step = (it + 1) % settings.log_every == 0 or it == settings.iterations - 1
                 stopping = self.stopping = self.stop_signal is not None
                 if not stopping:  # a stop requested from here on takes effect after the next iteration
-                    self.stops_after = it + 2
+                    self.stops_after = min(it + 2, settings.iterations)
                 if log_step or stopping or any(c.wants_rows(self, it) for c in self.callbacks):
                     self._flush(it, log_step)
                 if self.divergence is not None:
