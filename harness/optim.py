@@ -962,10 +962,6 @@ OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {
 (:mod:`harness.targets` checks it before anything is called)."""
 
 
-def _path(factory: Callable[..., Any]) -> str:
-    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', '?')}"
-
-
 def register_optimizer(factory: Callable[..., Optimizer]) -> Callable[..., Optimizer]:
     """Accept ``factory`` as an ``optim._target_`` (and as :func:`build`'s ``name``) under its
     ``__name__``; returns it, so it can decorate the factory.
@@ -977,16 +973,9 @@ def register_optimizer(factory: Callable[..., Optimizer]) -> Callable[..., Optim
     Raises:
         ValueError: ``factory`` is not callable, or a factory of another path holds its name.
     """
-    name = getattr(factory, "__name__", None)
-    if not callable(factory) or not isinstance(name, str):
-        raise ValueError(f"register_optimizer: expected a function that returns an Optimizer, got {factory!r}")
-    held = OPTIMIZERS.get(name)
-    if held is not None and _path(held) != _path(factory):  # the same path again: its module was reloaded
-        raise ValueError(
-            f"register_optimizer: the name '{name}' is taken by {_path(held)}; accepted: a factory with another name"
-        )
-    OPTIMIZERS[name] = factory
-    return factory
+    from harness.registry import register_factory
+
+    return register_factory(OPTIMIZERS, factory, "register_optimizer", "an Optimizer")
 
 
 def build(name: str, **hyperparameters: Any) -> Optimizer:

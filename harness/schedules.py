@@ -473,17 +473,6 @@ def register_schedule(factory: Callable[..., Schedule]) -> Callable[..., Schedul
     Raises:
         ValueError: ``factory`` is not callable, or a factory of another path holds its name.
     """
-    name = getattr(factory, "__name__", None)
-    if not callable(factory) or not isinstance(name, str):
-        raise ValueError(f"register_schedule: expected a function that returns a Schedule, got {factory!r}")
-    held = SCHEDULES.get(name)
-    if held is not None and _path(held) != _path(factory):  # the same path again: its module was reloaded
-        raise ValueError(
-            f"register_schedule: the name '{name}' is taken by {_path(held)}; accepted: a factory with another name"
-        )
-    SCHEDULES[name] = factory
-    return factory
+    from harness.registry import register_factory
 
-
-def _path(factory: Callable[..., Any]) -> str:
-    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', '?')}"
+    return register_factory(SCHEDULES, factory, "register_schedule", "a Schedule")

@@ -697,17 +697,6 @@ def register_clip_policy(factory: Callable[..., ClipPolicy]) -> Callable[..., Cl
     Raises:
         ValueError: ``factory`` is not callable, or a factory of another path holds its name.
     """
-    name = getattr(factory, "__name__", None)
-    if not callable(factory) or not isinstance(name, str):
-        raise ValueError(f"register_clip_policy: expected a function that returns a ClipPolicy, got {factory!r}")
-    held = CLIP_POLICIES.get(name)
-    if held is not None and _path(held) != _path(factory):  # the same path again: its module was reloaded
-        raise ValueError(
-            f"register_clip_policy: the name '{name}' is taken by {_path(held)}; accepted: a factory with another name"
-        )
-    CLIP_POLICIES[name] = factory
-    return factory
+    from harness.registry import register_factory
 
-
-def _path(factory: Callable[..., Any]) -> str:
-    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', '?')}"
+    return register_factory(CLIP_POLICIES, factory, "register_clip_policy", "a ClipPolicy")
