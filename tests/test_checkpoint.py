@@ -301,10 +301,15 @@ def test_multirun_resume_checks_each_jobs_checkpoint_against_its_config(tmp_path
     sweep = tmp_path / "sweep"
     base = [*RUN, "iterations=4", "checkpoint.every=2", "clip.max_norm=1,2", f"hydra.sweep.dir={sweep}"]
     assert train(["-m", *base], tmp_path).returncode == 0
+    records = {job: (sweep / job / ".hydra").iterdir() for job in ("clip.max_norm=1", "clip.max_norm=2")}
+    records = {job: {p.name: p.read_bytes() for p in files} for job, files in records.items()}
     proc = train(["-m", *base, "iterations=6", "resume=auto", "optim.lr=0.01"], tmp_path)
     assert proc.returncode == 1  # every job refused, and the sweep counts them
     assert proc.stderr.count("was written with optim.lr=0.5, this run has optim.lr=0.01") == 2
     assert "sweep: 2 jobs: 0 finished, 2 failed" in proc.stdout
+    for job, files in records.items():  # the refused jobs' .hydra/ records are those they were trained with
+        kept = {p.name: p.read_bytes() for p in (sweep / job / ".hydra").iterdir() if p.name != "harness_outcome.json"}
+        assert kept == {name: data for name, data in files.items() if name != "harness_outcome.json"}
     ok = train(["-m", *base, "iterations=6", "resume=auto"], tmp_path)
     assert ok.returncode == 0, ok.stderr
     for job in ("clip.max_norm=1", "clip.max_norm=2"):
@@ -312,6 +317,13 @@ def test_multirun_resume_checks_each_jobs_checkpoint_against_its_config(tmp_path
         assert checkpoint.load(saved[-1]).iteration == 6
         # The job's curve continues: every iteration once, the resumed ones included.
         assert loss_curve(sweep / job)[0] == list(range(1, 7))
+    # A job new to a resumed sweep starts from scratch and gets the .hydra/ record Hydra would write.
+    wider = [*base[:-2], "clip.max_norm=1,2,3", base[-1]]
+    more = train(["-m", *wider, "iterations=6", "resume=auto"], tmp_path)
+    assert more.returncode == 0, more.stderr
+    assert "sweep: 3 jobs: 3 finished, 0 failed" in more.stdout
+    assert "clip.max_norm=3" in (sweep / "clip.max_norm=3" / ".hydra" / "overrides.yaml").read_text()
+    assert (sweep / "clip.max_norm=3" / ".hydra" / "hydra.yaml").is_file()
 
 
 STAGE2 = Path(__file__).parent / "data"

@@ -226,9 +226,10 @@ def _claim_folders(overrides: list[str], *, multirun: bool) -> list[str]:
     refused when another process writes there, or when it holds a run and neither
     ``resume=`` nor ``overwrite=true`` was given); a sweep whose job folders (under an
     existing ``hydra.sweep.dir``) hold runs is refused likewise (:func:`_sweep_job_folders`;
-    each job then claims its own folder). A resumed run keeps its folder's ``.hydra/`` as it
-    was (``hydra.output_subdir=null``). Default folders are fresh (``harness.unique``); a run
-    claims its folder itself, whatever named it (:func:`harness.commands.train._prepare`).
+    each job then claims its own folder). A resumed run, and every job of a resumed sweep,
+    keeps its folder's ``.hydra/`` as it was (``hydra.output_subdir=null``). Default folders
+    are fresh (``harness.unique``); a run claims its folder itself, whatever named it
+    (:func:`harness.commands.train._prepare`).
     ``resume`` and ``overwrite`` are read from the composed config (an experiment may set
     them) when :func:`harness.build.precheck` composed it, else from the command line."""
     from harness import build
@@ -241,7 +242,9 @@ def _claim_folders(overrides: list[str], *, multirun: bool) -> list[str]:
     overwrite = settings["overwrite"] if "overwrite" in settings else given.get("overwrite", "").lower() == "true"
     if multirun:
         folder = given.get("hydra.sweep.dir")
-        if folder is None or "${" in folder or resume or overwrite or not Path(folder).is_dir():
+        if resume:  # each job keeps its .hydra/ as it was; a new job writes its own (train_command)
+            return [*overrides, "hydra.output_subdir=null"]
+        if folder is None or "${" in folder or overwrite or not Path(folder).is_dir():
             return overrides
         held = [job for job in _sweep_job_folders(Path(folder), overrides) if holds_run(job)]
         if held:

@@ -46,6 +46,8 @@ def train_command(cfg: DictConfig) -> float:
     from harness import sweep
 
     label = f"[job {hydra_cfg.job.num}: {hydra_cfg.job.override_dirname}]"
+    if hydra_cfg.output_subdir is None:  # a resumed sweep: Hydra left every job's .hydra/ alone
+        _write_hydra_record(cfg, hydra_cfg, run_dir)
     sweep.record_outcome(hydra_cfg, run_dir, "running", None)  # left as it is if this process is killed
     try:
         final = _train(cfg, hydra_cfg, run_dir, _prepare(cfg, hydra_cfg, run_dir))
@@ -60,6 +62,24 @@ def train_command(cfg: DictConfig) -> float:
         return math.nan
     sweep.record_outcome(hydra_cfg, run_dir, "finished", None)
     return final
+
+
+def _write_hydra_record(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> None:
+    """A job of a resumed sweep (Hydra told to write no ``.hydra/``, so that a job refused
+    after Hydra started cannot change its earlier run's record): a job folder that has no
+    ``.hydra/overrides.yaml`` yet (a job new to the sweep) gets the three files Hydra would
+    have written, so ``evaluate``, ``render`` and the report find it; a job that has one keeps it."""
+    from omegaconf import OmegaConf
+
+    from harness.runs import write_bytes
+
+    folder = run_dir / ".hydra"
+    if (folder / "overrides.yaml").is_file():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    write_bytes(folder / "config.yaml", OmegaConf.to_yaml(cfg).encode())
+    write_bytes(folder / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg})).encode())
+    write_bytes(folder / "overrides.yaml", OmegaConf.to_yaml(hydra_cfg.overrides.task).encode())
 
 
 class JobEnded(Exception):
