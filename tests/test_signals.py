@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import checkpoint
-from tests.helpers import harness_env, run_harness
+from tests.helpers import ROOT, harness_env, run_harness
 
 TINY = ["+env=cartpole", "env.world_count=1", "device=cpu"]
 SLOW_ITERATIONS = [*TINY, "env.horizon=300", "capture=false", "log_every=1", "iterations=100000"]
@@ -294,3 +294,19 @@ def test_a_broken_yaml_file_in_a_user_config_folder_is_one_line_naming_its_line(
         line = one_line(proc.stderr)
         assert "broken.yaml', line 2, column" in line, line
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_ctrl_c_inside_exec_of_a_string_still_exits_130(tmp_path):
+    """CPython marks a KeyboardInterrupt that passes through exec or eval of a string (as a
+    dataclass is made, or Warp reads a kernel's annotations, while the env is built) as
+    unhandled and ends the process by SIGINT (-2) whatever code it exits with. A user's env
+    module whose import is interrupted inside exec (here: raises it there) must still end with
+    the harness's line and 130."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "interrupted_env.py").write_text('exec("raise KeyboardInterrupt")\n')
+    (tmp_path / "configs" / "env").mkdir(parents=True)
+    (tmp_path / "configs" / "env" / "interrupted.yaml").write_text("_target_: interrupted_env.Env\n")
+    env = {"PYTHONPATH": f"{tmp_path / 'code'}{os.pathsep}{ROOT}", "HARNESS_CONFIG_PATH": str(tmp_path / "configs")}
+    proc = run_harness("train", "+env=interrupted", cwd=tmp_path, env=env)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
+    assert "interrupted by SIGINT" in one_line(proc.stderr)
