@@ -451,7 +451,12 @@ def report_figure(rows: list[JobRow], swept: list[str], keys: list[str], groups:
             gaps += not np.isfinite(shown).all()
             shown[~np.isfinite(shown)] = np.nan
             style = styles[styles_of.index(tuple(row.overrides.get(k, "") for k in style_keys)) % len(styles)]
-            curves.plot(steps, shown, color=colour(row.overrides.get(key, "")), linestyle=style, linewidth=1.2)
+            # A finite point with no finite neighbour (a run that went nan after one step) is a dot,
+            # which a line alone would not show.
+            finite = np.isfinite(shown)
+            lonely = finite & ~np.r_[False, finite[:-1]] & ~np.r_[finite[1:], False]
+            curves.plot(steps, shown, color=colour(row.overrides.get(key, "")), linestyle=style, linewidth=1.2,
+                        marker="o", markersize=3, markevery=np.flatnonzero(lonely).tolist())  # fmt: skip
     drawn = [row for row in rows if row.curve[0]]
 
     def legend_label(value: str) -> str:  # the value, and the statuses of its curves other than finished
@@ -528,7 +533,8 @@ def report_figure(rows: list[JobRow], swept: list[str], keys: list[str], groups:
             if math.isfinite(level):
                 name = f"{key}={g.values[0]} (mean)" + (f", {where}" if where else "")
                 ax.axhline(level, linestyle="--", color=shade, linewidth=1, label=name)
-        if min(gx) > 0 and max(gx) / min(gx) >= 100:
+        placed = [xs[g.values] for g in numeric if g.finite(field)] or gx  # the values drawn on this panel
+        if min(placed) > 0 and max(placed) / min(placed) >= 100:
             ax.set_xscale("log")
         if field == "norm_pre_median" and key is not None and "max_norm" in key:
             gx = [xs[g.values] for g in numeric if g.done] or gx  # not out to a value no job ran at
