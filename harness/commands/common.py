@@ -113,6 +113,15 @@ def dirname_overrides(args: list[str]) -> list[str]:
 
     Returns an override setting ``hydra.job.config.override_dirname.exclude_keys``.
     """
+    keys = dirname_excluded_keys(args)
+    if not keys:
+        return []
+    return ["hydra.job.config.override_dirname.exclude_keys=[" + ",".join(f"'{k}'" for k in keys) + "]"]
+
+
+def dirname_excluded_keys(args: list[str]) -> list[str]:
+    """The override keys :func:`dirname_overrides` leaves out of a folder's name (empty: the
+    command line keeps Hydra's default)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     multirun = any(a in ("-m", "--multirun") for a in args)
@@ -124,10 +133,7 @@ def dirname_overrides(args: list[str]) -> list[str]:
         keys = [o.key_or_group for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
     else:
         keys = [o.key_or_group for o in parsed if o.key_or_group in ("env", "resume", "overwrite", "device")]
-    if not keys:
-        return []
-    keys = ["hydra.run.dir", "hydra.sweep.dir", *dict.fromkeys(keys)]
-    return ["hydra.job.config.override_dirname.exclude_keys=[" + ",".join(f"'{k}'" for k in keys) + "]"]
+    return ["hydra.run.dir", "hydra.sweep.dir", *dict.fromkeys(keys)] if keys else []
 
 
 @contextlib.contextmanager
@@ -282,9 +288,7 @@ def _sweep_job_folders(sweep_dir: Path, overrides: list[str]) -> list[Path]:
             return []
         task = [o for o in parsed if not o.key_or_group.startswith(("hydra.", "hydra/"))]
         jobs = BasicSweeper.split_arguments(task, None)[0]
-        exclude = ["hydra.run.dir", "hydra.sweep.dir"]
-        for arg in dirname_overrides(["-m", *overrides]):
-            exclude = [k.strip("'") for k in arg.partition("=[")[2].rstrip("]").split(",")]
+        exclude = dirname_excluded_keys(["-m", *overrides]) or ["hydra.run.dir", "hydra.sweep.dir"]
         return [sweep_dir / get_overrides_dirname(parser.parse_overrides(job), exclude, ",", "=") for job in jobs]
     except Exception:  # Hydra reports malformed overrides and unsupported sweeps itself
         return []

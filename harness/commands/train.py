@@ -45,7 +45,7 @@ def train_command(cfg: DictConfig) -> float:
         return _single_run(cfg, hydra_cfg, run_dir)
     from harness import sweep
 
-    label = f"[job {hydra_cfg.job.num}: {hydra_cfg.job.override_dirname}]"
+    label = _job_label(hydra_cfg)
     if hydra_cfg.output_subdir is None:  # a resumed sweep: Hydra left every job's .hydra/ alone
         _write_hydra_record(cfg, hydra_cfg, run_dir)
     sweep.record_outcome(hydra_cfg, run_dir, "running", None)  # left as it is if this process is killed
@@ -80,6 +80,11 @@ def _write_hydra_record(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> None:
     write_bytes(folder / "config.yaml", OmegaConf.to_yaml(cfg).encode())
     write_bytes(folder / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg})).encode())
     write_bytes(folder / "overrides.yaml", OmegaConf.to_yaml(hydra_cfg.overrides.task).encode())
+
+
+def _job_label(hydra_cfg: Any) -> str:
+    """``[job 3: clip.max_norm=1]``: what starts every line of a sweep's job."""
+    return f"[job {hydra_cfg.job.num}: {hydra_cfg.job.override_dirname}]"
 
 
 class JobEnded(Exception):
@@ -145,7 +150,7 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> floa
     from harness.training import TrainingDiverged, TrainingInterrupted
 
     # Jobs of a sweep may run side by side (joblib): label their lines.
-    label = f"[job {hydra_cfg.job.num}: {hydra_cfg.job.override_dirname}]" if hydra_cfg.mode.name == "MULTIRUN" else ""
+    label = _job_label(hydra_cfg) if hydra_cfg.mode.name == "MULTIRUN" else ""
     say = f"{label} " if label else ""
     print(f"{say}run folder: {run_dir}", flush=True)
     try:
