@@ -50,6 +50,10 @@ class ParamSpec:
         upper: Largest value any entry may take (inf: unbounded).
         fd_step: A central finite-difference step suited to this parameter, in its units
             (what ``python -m harness gradcheck`` uses unless ``gradcheck.eps`` is given).
+        world_axis: The axis of ``shape`` that indexes the env's worlds, when each world has
+            its own entries (open-loop controls: 1; a per-world quantity: 0); None when every
+            world reads the same entries (a policy's weights). ``harness diagnose`` uses it to
+            tell one start's gradient from another's.
     """
 
     name: str
@@ -59,6 +63,7 @@ class ParamSpec:
     lower: float = -math.inf
     upper: float = math.inf
     fd_step: float = 1.0
+    world_axis: int | None = None
 
     def __post_init__(self) -> None:
         if not self.lower <= self.upper:  # also refuses nan

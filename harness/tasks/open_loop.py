@@ -58,7 +58,11 @@ class OpenLoop(Task):
     def parameter_specs(self, env: Env) -> list[ParamSpec]:
         shape = self.parameter_shapes(env.config)["controls"]
         fd_step = env.config.action_fd_step()
-        return [ParamSpec("controls", shape, init=self.init, lower=self.lower, upper=self.upper, fd_step=fd_step)]
+        return [
+            ParamSpec(
+                "controls", shape, init=self.init, lower=self.lower, upper=self.upper, fd_step=fd_step, world_axis=1
+            )
+        ]
 
     def begin(self, env: Env, params: ParamSet) -> None:
         env.reset()

@@ -140,7 +140,7 @@ class SystemId(TrainQuantities):
         for spec in super().parameter_specs(env):
             if spec.name in shared:  # the worlds' mean as the start (they start equal: the env as built)
                 init = np.asarray(spec.init, dtype=np.float32).mean(axis=0)
-                spec = dataclasses.replace(spec, shape=spec.shape[1:], init=init)
+                spec = dataclasses.replace(spec, shape=spec.shape[1:], init=init, world_axis=None)
             specs.append(spec)
         return specs
 
