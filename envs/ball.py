@@ -52,7 +52,7 @@ class BallConfig(NewtonEnvConfig):
     def quantities(self) -> dict[str, Quantity]:
         return {
             "initial_velocity": Quantity(
-                (self.world_count,), wp.vec3, unit="m/s", doc="initial velocity of each world's ball"
+                (self.world_count,), wp.vec3, unit="m/s", doc="initial velocity of each world's ball", per_world=True
             )
         }
 

@@ -52,7 +52,7 @@ class ClothConfig(NewtonEnvConfig):
         # 1 m/s agrees with the tape within 1e-2 (docs/envs.md).
         return {
             "initial_velocity": Quantity(
-                shape, wp.vec3, unit="m/s", doc="initial velocity of every particle", fd_step=1.0
+                shape, wp.vec3, unit="m/s", doc="initial velocity of every particle", fd_step=1.0, world_major=True
             )
         }
 

@@ -82,6 +82,7 @@ class SoftBodyConfig(NewtonEnvConfig):
                 unit="Pa",
                 doc="Lame parameters (mu, lambda) of every tetrahedron",
                 fd_step=100.0,  # Pa; 10 Pa is below float32 resolution of the loss (docs/envs.md)
+                world_major=True,
             )
         }
 

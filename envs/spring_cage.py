@@ -63,7 +63,11 @@ class SpringCageConfig(NewtonEnvConfig):
         shape = (self.world_count * len(ANCHORS),)
         return {
             "rest_length": Quantity(
-                shape, lower=MIN_REST_LENGTH, unit="m", doc="rest length of every spring, world by world"
+                shape,
+                lower=MIN_REST_LENGTH,
+                unit="m",
+                doc="rest length of every spring, world by world",
+                world_major=True,
             )
         }
 

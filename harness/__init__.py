@@ -4,7 +4,8 @@ Modules: ``params`` (flat parameter/gradient buffers), ``stats`` (gradient stati
 the device), ``clip`` (clip policies), ``optim`` (optimizers), ``losses`` (loss terms),
 ``env`` and ``newton_env`` (the env interface), ``tasks`` (what is trained),
 ``training`` (the loop), ``events`` (TensorBoard files), ``gradcheck``
-(finite-difference checks), ``report`` (sweep reports), ``config`` and ``sweep``
+(finite-difference checks), ``diagnose`` (can a gradient be trusted, over how many steps,
+where to clip), ``report`` (sweep reports), ``config`` and ``sweep``
 (Hydra config to typed objects; multirun callbacks).
 
 :func:`init_warp` initialises Warp without the CUDA driver warning that Warp's native

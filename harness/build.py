@@ -60,6 +60,7 @@ class Run:
     adjoint: Any = None  # clip.adjoint: harness.adjoint.AdjointSettings
     nonfinite: str = "skip"  # clip.nonfinite: the wrapper around the trainer's update
     rules: dict[str, Any] = dataclasses.field(default_factory=dict)
+    diagnose: Any = None  # the diagnose section: harness.config.DiagnoseSettings
 
     def trainer(self, settings: TrainSettings | None = None) -> Any:
         """The :class:`~harness.training.Trainer` of this run (optionally with other loop settings)."""
@@ -198,6 +199,7 @@ def validate(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> Run:
         task=task,
         segment_steps=steps,
         rules=rules,
+        diagnose=checked.diagnose,
     )
 
 

@@ -95,6 +95,58 @@ class TrainSettings:
             raise ValueError("resume: expected null, auto, or a checkpoint file or run folder path, got ''")
 
 
+@dataclasses.dataclass(frozen=True)
+class DiagnoseSettings:
+    """The ``diagnose`` section (``configs/train.yaml``): what ``python -m harness diagnose``
+    measures (:mod:`harness.diagnose`, docs/diagnose.md) and how often training measures it.
+
+    Attributes:
+        every: During training, measure snr and zo_cosine at the current parameters every N
+            iterations and log them to TensorBoard (``diagnose/*``); 0: never.
+        horizons: Steps of every horizon measured; None: the env's horizon, halved down to
+            ``shortest`` (a geometric set).
+        shortest: The shortest horizon of the default set.
+        samples: Starts per horizon, simulated as the worlds of one rollout (a task whose
+            parameters have a world axis during training uses training's worlds instead).
+        zo_pairs: Antithetic Gaussian perturbations of the zeroth-order estimate.
+        zo_scale: Their standard deviation, in multiples of each parameter's finite-difference step.
+        fd_directions: Random directions of the central-difference check.
+        fd_scale: Its step along a direction, in multiples of the finite-difference steps.
+        snr_min: A horizon is trusted when its snr is at least this (a shared parameter only:
+            where every world trains its own, a batch averages nothing) ...
+        zo_cosine_min: ... and its zo_cosine at least this.
+        seed: Seeds the perturbations, the directions and a policy's drawn starts.
+    """
+
+    every: int = field(0, minimum=0)
+    horizons: tuple[int, ...] | None = field(None, minimum=1)
+    shortest: int = field(8, minimum=1)
+    samples: int = field(16, minimum=2)
+    zo_pairs: int = field(16, minimum=1)
+    zo_scale: float = field(1.0, minimum=0.0, strict=True)
+    fd_directions: int = field(4, minimum=0)
+    fd_scale: float = field(1.0, minimum=0.0, strict=True)
+    snr_min: float = field(1.0, minimum=0.0)
+    zo_cosine_min: float = field(0.5, minimum=-1.0, maximum=1.0)
+    seed: int = field(0, minimum=0)
+
+
+def diagnose_settings(cfg: DictConfig) -> DiagnoseSettings:
+    """The ``diagnose`` section of ``cfg``, checked (defaults when it has none).
+
+    Raises:
+        ConfigError: One line naming ``diagnose.<field>`` and what is accepted.
+    """
+    from harness.schema import SchemaError, build
+
+    section = cfg.get("diagnose")
+    values = OmegaConf.to_container(section, resolve=True) if section is not None else {}
+    try:
+        return build(DiagnoseSettings, values or {}, prefix="diagnose")
+    except SchemaError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 AUTO = "auto"
 """``memory.segment_steps=auto``: :func:`auto_segment_steps` of the horizon."""
 
@@ -207,7 +259,7 @@ def check_env_fields(cfg: DictConfig) -> tuple[Any, Any]:
         raise ConfigError(str(exc)) from None
 
 
-TOP_LEVEL_SECTIONS = (*GROUPS, "memory", "gradcheck")
+TOP_LEVEL_SECTIONS = (*GROUPS, "memory", "gradcheck", "diagnose")
 """Top-level keys of a composed config that are not loop settings (the groups have their
 own schemas; ``memory.segment_steps`` is checked against the env's horizon)."""
 
@@ -237,6 +289,7 @@ class Checked:
     settings: TrainSettings
     env_class: Any
     env_config: Any
+    diagnose: DiagnoseSettings = dataclasses.field(default_factory=DiagnoseSettings)
 
 
 def validate(cfg: DictConfig) -> Checked:
@@ -251,7 +304,7 @@ def validate(cfg: DictConfig) -> Checked:
     require_env(cfg)
     settings = train_settings(cfg)
     env_class, env_config = check_env_fields(cfg)
-    return Checked(settings, env_class, env_config)
+    return Checked(settings, env_class, env_config, diagnose_settings(cfg))
 
 
 def check_capture_setting(settings: TrainSettings, env_class: Any) -> None:
@@ -559,6 +612,7 @@ RESUME_MAY_CHANGE = (
     "capture",
     "resume",
     "overwrite",
+    "diagnose",
     "memory",
 )
 """Top-level config keys a resumed run may change; everything else must match the checkpoint."""

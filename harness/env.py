@@ -135,6 +135,10 @@ class Quantity:
         fd_step: A central finite-difference step for gradient checks, in ``unit``.
         per_world: The first axis is the world (one value per world): ``task=sysid``
             may fit one value shared by every world instead (``task.shared``).
+        world_major: The first axis holds every world's entries in turn, ``world_count x k``
+            of them (every particle, spring or tetrahedron of world 0, then of world 1, ...),
+            and each world reads only its own (``harness diagnose`` tells the worlds' gradients
+            apart by it, as by ``per_world``).
     """
 
     shape: tuple[int, ...]
@@ -145,6 +149,7 @@ class Quantity:
     doc: str = ""
     fd_step: float = 1.0e-3
     per_world: bool = False
+    world_major: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

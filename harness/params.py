@@ -51,9 +51,10 @@ class ParamSpec:
         fd_step: A central finite-difference step suited to this parameter, in its units
             (what ``python -m harness gradcheck`` uses unless ``gradcheck.eps`` is given).
         world_axis: The axis of ``shape`` that indexes the env's worlds, when each world has
-            its own entries (open-loop controls: 1; a per-world quantity: 0); None when every
-            world reads the same entries (a policy's weights). ``harness diagnose`` uses it to
-            tell one start's gradient from another's.
+            its own entries (open-loop controls: 1; a per-world quantity: 0, where the axis may
+            also hold each world's entries in turn, ``world_count x k`` of them, world-major);
+            None when every world reads the same entries (a policy's weights).
+            ``harness diagnose`` uses it to tell one start's gradient from another's.
     """
 
     name: str

@@ -2,7 +2,8 @@
 
 Tags are grouped by prefix, as CleanRL groups them: ``loss/`` (what is minimised),
 ``optim/`` (gradients, clipping, the optimizer), ``perf/`` (speed), ``rollout/`` (pictures of
-the rollout), ``through_time/`` (the state adjoint inside backward) and one prefix per task
+the rollout), ``through_time/`` (the state adjoint inside backward), ``diagnose/`` (can the
+gradient be trusted, ``diagnose.every``) and one prefix per task
 (``policy/``, ``sysid/``, ``shac/``). TensorBoard sorts the groups by name and opens the
 first two, so a run opens on its loss curves, then its gradient curves.
 
@@ -21,6 +22,12 @@ __all__ = [
     "ADJOINT_NORM_FIRST",
     "ADJOINT_NORM_MAX",
     "ADJOINT_PROFILE",
+    "DIAGNOSE_BATCH_GRAD_NORM_P90",
+    "DIAGNOSE_FD_REL_ERROR",
+    "DIAGNOSE_GRAD_NORM_MEDIAN",
+    "DIAGNOSE_SNR",
+    "DIAGNOSE_TRUSTED",
+    "DIAGNOSE_ZO_COSINE",
     "LOSS_BEST",
     "LOSS_FINAL",
     "LOSS_TOTAL",
@@ -116,6 +123,14 @@ ADJOINT_HISTOGRAM = "through_time/log10_norm_pre"
 ADJOINT_PROFILE = "through_time/profile"
 
 # -- tasks ------------------------------------------------------------------------------------
+
+DIAGNOSE_SNR = "diagnose/snr"
+"""``diagnose.every``: the measures of :mod:`harness.diagnose` at the current parameters."""
+DIAGNOSE_ZO_COSINE = "diagnose/zo_cosine"
+DIAGNOSE_GRAD_NORM_MEDIAN = "diagnose/grad_norm_median"
+DIAGNOSE_FD_REL_ERROR = "diagnose/fd_rel_error"
+DIAGNOSE_BATCH_GRAD_NORM_P90 = "diagnose/batch_grad_norm_p90"
+DIAGNOSE_TRUSTED = "diagnose/trusted"
 
 POLICY_WINDOW_COST = "policy/window_cost"
 """``task=policy``: the loss of the iteration's training window."""

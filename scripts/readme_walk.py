@@ -139,6 +139,15 @@ def check_gradcheck(walk: Walk) -> None:
     assert "passed" in walk.out.lower() or "worst relative error" in walk.out
 
 
+def check_diagnose(walk: Walk) -> None:
+    found = re.search(r"wrote (\S+)/diagnose\.json and ", walk.out)
+    assert found, walk.out[-2000:]
+    report = json.loads((walk.root / found.group(1) / "diagnose.json").read_text())
+    assert [h["steps"] for h in report["horizons"]] == [15, 30, 60, 120, 240], report["horizons"]
+    assert report["recommended"]["window"] and report["recommended"]["clip_max_norm"] > 0, report["recommended"]
+    assert (walk.root / found.group(1) / "diagnose.png").stat().st_size > 0
+
+
 def check_long_horizon(walk: Walk) -> None:
     s = improved(walk, run_folder(walk.out))
     assert s["segment_steps"] and s["segment_steps"] < 10000, s["segment_steps"]
@@ -195,6 +204,7 @@ CHECKS: list[tuple[str, Callable[[Walk], None]]] = [
     (r"\+experiment=cartpole_clip_sweep$", check_preset_sweep),
     (r"^python -m harness train -m \+env=cartpole ", check_own_sweep),
     (r"^python -m harness gradcheck ", check_gradcheck),
+    (r"^python -m harness diagnose ", check_diagnose),
     (r"env\.horizon=10000 ", check_long_horizon),
     (r"^python -m harness report multirun/<sweep>$", check_report),
     (r"^python -m harness render outputs/cartpole/<time>$", check_render),

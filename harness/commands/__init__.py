@@ -12,6 +12,7 @@ from __future__ import annotations
 COMMANDS = {
     "train": "train a simulation:       python -m harness train +env=cartpole [key=value ...]",
     "gradcheck": "tape vs finite diff:      python -m harness gradcheck +env=cartpole env.horizon=120",
+    "diagnose": "is the gradient usable:   python -m harness diagnose +env=cartpole",
     "report": "summarise a sweep:        python -m harness report multirun/<sweep>",
     "render": "video and plots of a run: python -m harness render outputs/cartpole/<time>",
     "evaluate": "a checkpoint elsewhere:   python -m harness evaluate outputs/cartpole/<time> env.seed=7",

@@ -160,6 +160,7 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> floa
             swept=config.swept_keys(hydra_cfg),
             meta={"config": config.resolved_yaml(cfg)},
             label=label or None,
+            callbacks=_diagnose_callbacks(cfg, hydra_cfg, trainer),
         )
     except TrainingInterrupted as exc:
         again = [o for o in hydra_cfg.overrides.task if not o.startswith("resume=")]
@@ -253,6 +254,35 @@ def loss_change(initial: float, final: float) -> str:
         more = f"{-change:.1f}% higher" if final < 2 * initial else f"{final / initial:.3g} times the initial loss"
         return text + f" ({more}: training made the loss worse)"
     return text + f" ({change:.1f}% lower)"
+
+
+def _diagnose_callbacks(cfg: DictConfig, hydra_cfg: Any, trainer: Any) -> list[Any]:
+    """``diagnose.every=N``: the callback measuring the gradient every N iterations
+    (:class:`harness.diagnose.DiagnoseLog`), on an env, task and loss of its own built from the
+    run's config (whole rollouts of training's length: a windowed policy's window), with
+    ``diagnose.samples`` starts, or training's worlds when every world trains its own parameters."""
+    settings = config.diagnose_settings(cfg)
+    if not settings.every:
+        return []
+    import copy
+    import dataclasses
+
+    from harness import build
+    from harness.diagnose import DiagnoseLog
+
+    probe_cfg = copy.deepcopy(cfg)
+    build.evaluation_config(probe_cfg, build.task_class(probe_cfg))
+    per_world = any(spec.world_axis is not None for spec in trainer.step.params.specs)
+    worlds = trainer.env.world_count if per_world else settings.samples
+
+    def make() -> tuple[Any, Any, Any]:
+        run = build.validate(probe_cfg, hydra_cfg.runtime.choices)
+        env_class, env_config = config.check_env_fields(probe_cfg)
+        training = run.task.training_config(env_config)
+        env_cfg = dataclasses.replace(training, horizon=trainer.env.horizon, world_count=worlds)
+        return env_class(env_cfg, device=run.settings.device), run.task, run.loss
+
+    return [DiagnoseLog(settings, make, training_worlds=trainer.env.world_count)]
 
 
 def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:

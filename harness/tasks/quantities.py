@@ -114,7 +114,7 @@ class TrainQuantities(Task):
                 lower=max(q.lower, self.lower),
                 upper=min(q.upper, self.upper),
                 fd_step=q.fd_step,
-                world_axis=0 if q.per_world else None,
+                world_axis=0 if q.per_world or q.world_major else None,
             )
             for name, q in self.chosen(env.config).items()
         ]

@@ -164,7 +164,7 @@ class SystemId(TrainQuantities):
     def attach(self, env: Env, loss: WeightedLoss) -> None:
         ref = self.reference
         assert ref is not None
-        if (env.horizon, env.world_count) != (ref.steps, ref.worlds):
+        if env.world_count != ref.worlds or env.horizon > ref.steps:  # a shorter env compares the first steps
             raise ValueError(
                 f"task.reference: '{ref.path}' holds {ref.steps} step{'s' * (ref.steps != 1)} x "
                 f"{ref.worlds} world{'s' * (ref.worlds != 1)}; "
@@ -172,7 +172,8 @@ class SystemId(TrainQuantities):
             )
         device = env.device
         initial = env.initial_state()
-        arrays: dict[str, Any] = {"controls": wp.array(ref.controls, dtype=wp.float32, device=device)}
+        steps = env.horizon  # the recording's first steps (harness diagnose measures shorter horizons)
+        arrays: dict[str, Any] = {"controls": wp.array(ref.controls[:steps], dtype=wp.float32, device=device)}
         for name, value in ref.initial.items():
             if (
                 name not in initial
@@ -185,7 +186,7 @@ class SystemId(TrainQuantities):
             flat = np.ascontiguousarray(value).reshape(initial[name].shape + _inner_shape(initial[name].dtype))
             arrays[f"initial/{name}"] = wp.array(flat, dtype=initial[name].dtype, device=device)
         for term in loss.reference_terms:
-            reference = wp.array(ref.observed[term.source], dtype=wp.float32, device=device)
+            reference = wp.array(ref.observed[term.source][:steps], dtype=wp.float32, device=device)
             arrays[f"obs/{term.source}"] = reference
             loss.set_reference(term.name, reference)
         self._device_reference[id(env)] = arrays

@@ -1,0 +1,826 @@
+"""Can this gradient be trusted, over how many steps, and where should it be clipped?
+
+``python -m harness diagnose`` (:mod:`harness.commands.diagnose`) measures, at a geometric
+set of horizons, the gradient a task would train with, over ``samples`` independent starts
+simulated as the worlds of one batched rollout (the starts training uses: the env's own
+initial states, or, for a task that draws fresh starts in training, one device draw):
+
+- **per-start gradients** ``g_i``: the gradient of one start's loss (the loss of world ``i``
+  alone, as a one-world run would compute it) with respect to one world's parameters. A
+  parameter with a world axis (:attr:`harness.params.ParamSpec.world_axis`: open-loop
+  controls, per-world quantities) gives every world's in one backward pass; parameters that
+  every world shares (a policy's weights) need one backward pass per start, each with the
+  adjoint of the other worlds' observables zeroed before it enters the simulation (the
+  worlds do not interact, so what reaches the parameters is start ``i``'s alone). The
+  backward pass is captured once and replayed.
+- ``grad_norm_median``, ``grad_norm_p90``: percentiles of ``|g_i|``.
+- ``snr = |mean g| / sqrt(mean |g_i - mean g|^2)``: the signal-to-noise ratio of one start's
+  gradient as an estimate of the mean one. Below 1 a single start's gradient points
+  anywhere; Metz et al. 2021 ("Gradients are Not All You Need") show this variance growing
+  exponentially with the horizon through chaotic dynamics.
+- ``zo_cosine``: the first-order gradient against a zeroth-order estimate of the gradient
+  of the Gaussian-smoothed loss ``F_s(x) = E_z F(x + s * z)`` (Suh et al., ICML 2022, "Do
+  Differentiable Simulators Give Better Policy Gradients?"), from ``zo_pairs`` antithetic
+  pairs ``F(x + s z_j) - F(x - s z_j)`` (``s``: ``zo_scale`` times each parameter's
+  finite-difference step). A zeroth-order estimate from ``N`` directions only sees the
+  gradient inside their span, so the cosine is taken there: between the ``N`` zeroth-order
+  directional differences ``(F(x + s z_j) - F(x - s z_j)) / 2`` and the first-order ones
+  ``mean g . (s z_j)``. (The cosine in the whole parameter space is bounded by about
+  ``sqrt(N / d)`` for ``d`` parameters even for an exact gradient; it is reported too, as
+  ``zo_cosine_full``.) Near 1 the gradient describes the loss at the smoothing scale; low
+  or negative values are Suh et al.'s empirical bias (stiff contact, discontinuities) or a
+  landscape too rough for any local gradient.
+- ``fd_rel_error``: central differences along ``fd_directions`` random unit directions
+  (each parameter scaled by its finite-difference step, times ``fd_scale``) against the
+  tape's directional derivative, ``|fd - tape| / max(|fd|, |tape|)``, the median over the
+  directions: is the tape the derivative of the simulated loss at all.
+- ``trusted``: ``snr >= snr_min`` and ``zo_cosine >= zo_cosine_min`` (1 and 0.5).
+
+The growth rate is the least-squares slope of ``log(grad_norm_median)`` against the
+simulated time ``steps * dt`` of the horizons [1/s], and of the log of the state adjoint's
+norm (median over the starts) against the time before the end of the longest horizon
+(:class:`harness.adjoint.AdjointClipper`'s profile). For a linear system ``x' = a x`` the
+adjoint's rate is ``a`` exactly; for a chaotic one it estimates the largest Lyapunov exponent.
+
+The recommendation: ``window`` is the longest horizon of the trusted run of horizons that
+starts at the shortest one (a longer horizon that happens to be trusted after an untrusted
+one is not recommended); ``clip_max_norm`` is the 90th percentile of the norm of the
+gradient training would compute at that window (training's ``world_count`` starts per
+batch, drawn from the measured per-start gradients with replacement; a shared parameter
+averages its starts' gradients, a per-world one stacks them), so about one step in ten is
+clipped: the percentile rule of AutoClip (Seetharaman et al., 2020, "AutoClip: Adaptive
+Gradient Clipping for Source Separation Networks") fixed before training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import warp as wp
+
+from harness import tags
+from harness.adjoint import AdjointClipper
+from harness.env import CarriesState, DrawsStarts, Env
+from harness.losses import WeightedLoss
+from harness.params import ParamSet
+from harness.tasks import Task, prepare_groups, rollout
+from harness.training.loop import Callback
+
+__all__ = [
+    "DiagnoseLog",
+    "Diagnosis",
+    "HorizonResult",
+    "Probe",
+    "WorldLayout",
+    "diagnose",
+    "draw_diagnosis",
+    "geometric_horizons",
+    "growth_rate",
+    "table_header",
+    "table_row",
+]
+
+TRUST_SHARED = "snr >= snr_min and zo_cosine >= zo_cosine_min"
+"""The trust rule where the worlds share a parameter (a batch averages its starts' gradients)."""
+
+TRUST_PER_WORLD = "zo_cosine >= zo_cosine_min (every world trains its own parameters: a batch averages no starts)"
+"""The trust rule where every parameter has a world axis (snr is reported, not used)."""
+
+FD_WARNING = 0.1
+"""A median relative error of the central differences above this is called out in the verdict."""
+
+BOOTSTRAP_BATCHES = 400
+"""Training batches drawn from the per-start gradients for the clip recommendation."""
+
+
+@wp.kernel
+def _keep_one_world(enabled: wp.array(dtype=wp.int32), world: wp.array(dtype=wp.int32), grad: wp.array3d(dtype=float)):
+    t, w, d = wp.tid()
+    if enabled[0] != 0 and w != world[0]:
+        grad[t, w, d] = 0.0
+
+
+def geometric_horizons(horizon: int, *, shortest: int = 8, factor: float = 2.0) -> list[int]:
+    """``horizon``, ``horizon / 2``, ``horizon / 4``, ... down to ``shortest`` (rounded,
+    ascending, no repeats): the default set of horizons."""
+    found = {int(horizon)}
+    h = float(horizon)
+    while h / factor >= shortest:
+        h /= factor
+        found.add(round(h))
+    return sorted(found)
+
+
+def growth_rate(times: np.ndarray, values: np.ndarray) -> float:
+    """Least-squares slope of ``log(values)`` against ``times`` (finite, positive values
+    only); nan with fewer than two such points."""
+    times, values = np.asarray(times, np.float64), np.asarray(values, np.float64)
+    ok = np.isfinite(values) & (values > 0) & np.isfinite(times)
+    if ok.sum() < 2 or np.ptp(times[ok]) == 0:
+        return math.nan
+    return float(np.polyfit(times[ok], np.log(values[ok]), 1)[0])
+
+
+class WorldLayout:
+    """How a parameter set for ``world_count`` worlds maps to one world's parameters.
+
+    A parameter with a world axis holds one slice per world (one start's parameters is that
+    slice); one without is read by every world. One world's parameter vector is the
+    concatenation, in layout order, of every parameter's single-world part.
+    """
+
+    def __init__(self, params: ParamSet, world_count: int):
+        self.world_count = int(world_count)
+        self.size = params.size
+        self.parts: list[tuple[int, tuple[int, ...], int | None]] = []  # (offset, full shape, world axis)
+        steps = []
+        for spec, seg in zip(params.specs, params.segments, strict=True):
+            count = int(np.prod(spec.shape, dtype=np.int64))
+            width = seg.length // max(count, 1)
+            shape = (*spec.shape, width) if width > 1 else tuple(spec.shape)
+            axis = spec.world_axis
+            if axis is not None and spec.shape[axis] % self.world_count:
+                raise ValueError(
+                    f"parameter '{spec.name}': world axis {axis} has {spec.shape[axis]} entries, "
+                    f"not a multiple of the env's {self.world_count} worlds"
+                )
+            if axis is not None and axis > 0 and spec.shape[axis] != self.world_count:
+                raise ValueError(f"parameter '{spec.name}': world axis {axis} must have one entry per world")
+            self.parts.append((seg.offset, shape, axis))
+            one = seg.length // self.world_count if axis is not None else seg.length
+            steps.append(np.full(one, spec.fd_step, dtype=np.float64))
+        self.fd_step = np.concatenate(steps) if steps else np.zeros(0)
+        self.one_world_size = len(self.fd_step)
+        self.shared = any(axis is None for _, _, axis in self.parts)
+        self.per_world = any(axis is not None for _, _, axis in self.parts)
+
+    def start(self, flat: np.ndarray, world: int, *, shared_from: np.ndarray | None = None) -> np.ndarray:
+        """One world's part of a flat gradient: the world's slice of every per-world
+        parameter, and every shared parameter (from ``shared_from`` when given)."""
+        pieces = []
+        for offset, shape, axis in self.parts:
+            size = int(np.prod(shape, dtype=np.int64))
+            if axis is None:
+                source = flat if shared_from is None else shared_from
+                pieces.append(source[offset : offset + size])
+            elif axis == 0:  # world-major: each world's entries are one contiguous block
+                pieces.append(flat[offset : offset + size].reshape(self.world_count, -1)[world])
+            else:
+                pieces.append(np.take(flat[offset : offset + size].reshape(shape), world, axis=axis).ravel())
+        return np.concatenate(pieces).astype(np.float64) if pieces else np.zeros(0)
+
+
+@dataclasses.dataclass
+class HorizonResult:
+    """What :func:`diagnose` measured at one horizon (module docstring)."""
+
+    steps: int
+    grad_norm_median: float
+    grad_norm_p90: float
+    snr: float
+    zo_cosine: float
+    fd_rel_error: float
+    trusted: bool
+    zo_cosine_full: float = math.nan
+    batch_grad_norm_p90: float = math.nan
+    loss: float = math.nan
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: _json_float(v) for k, v in dataclasses.asdict(self).items()}
+
+
+def _json_float(value: Any) -> Any:
+    """A non-finite float as None (JSON has no inf or nan); anything else unchanged."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class Probe:
+    """One built env at one horizon: ``world_count`` starts, the task's parameters for it,
+    per-start gradients, and the loss at perturbed parameters, each a captured graph
+    replayed as often as needed (eager when ``capture`` is False).
+
+    Args:
+        env: The env, built at this horizon with one world per start.
+        task: What is trained (its first parameter group is diagnosed).
+        loss: The loss (bound here to the env).
+        key: The device draw key of a task that draws its starts in training (the rollouts
+            run inside :meth:`harness.tasks.Task.training` with it); None: the env's own starts.
+        capture: Record the forward pass and the backward pass once each and replay them.
+        values: Flat values of the parameters to measure at (default: the task's initial ones).
+    """
+
+    def __init__(
+        self,
+        env: Env,
+        task: Task,
+        loss: WeightedLoss,
+        *,
+        key: wp.array | None = None,
+        capture: bool = True,
+        values: np.ndarray | None = None,
+    ):
+        self.env, self.task, self.loss, self.key, self.capture = env, task, loss, key, capture
+        groups = prepare_groups(env, task, loss)
+        self.all_params = list(groups.values())
+        self.params = self.all_params[0]
+        if values is not None:
+            self.params.data.assign(np.asarray(values, dtype=np.float32))
+        self.base = self.params.data.numpy().astype(np.float64)
+        self.layout = WorldLayout(self.params, env.world_count)
+        device = self.params.device
+        self._mask_on = wp.zeros(1, dtype=wp.int32, device=device)
+        self._world = wp.zeros(1, dtype=wp.int32, device=device)
+        self.adjoint = AdjointClipper(
+            horizon=env.horizon, world_count=env.world_count, max_norm=math.inf, device=device
+        )
+        self._forward_graph: Any = None
+        self._backward_graph: Any = None
+        self._tapes: list[wp.Tape] = []
+        self._tape: wp.Tape | None = None
+        self._total: wp.array | None = None
+        self._trajectory: dict[str, wp.array] = {}
+
+    def _training(self) -> contextlib.AbstractContextManager:
+        return self.task.training(self.key) if self.key is not None else contextlib.nullcontext()
+
+    # -- the loss, no tape ----------------------------------------------------------------
+
+    def _forward(self) -> None:
+        self.loss.zero()
+        with self._training():
+            trajectory = rollout(self.env, self.task, self.params)
+        self.loss(trajectory)
+
+    def loss_at(self, delta: np.ndarray | None = None) -> float:
+        """The loss (the mean over the starts of each start's loss) at the measured
+        parameters plus ``delta`` (flat, every world's parameters)."""
+        values = self.base if delta is None else self.base + delta
+        self.params.data.assign(values.astype(np.float32))
+        if self._forward_graph is None:
+            self._forward()
+            if self.capture:  # kernels are loaded and lazy buffers exist after one eager run
+                with wp.ScopedCapture(device=self.params.device) as captured:
+                    self._forward()
+                self._forward_graph = captured.graph
+        else:
+            wp.capture_launch(self._forward_graph)
+        value = float(self.loss.total.numpy()[0])
+        self.params.data.assign(self.base.astype(np.float32))
+        return value
+
+    @property
+    def fd_step(self) -> np.ndarray:
+        """Every flat entry's finite-difference step."""
+        return np.concatenate(
+            [
+                np.full(seg.length, spec.fd_step)
+                for spec, seg in zip(self.params.specs, self.params.segments, strict=True)
+            ]
+        )
+
+    # -- gradients -------------------------------------------------------------------------
+
+    def _zero_grads(self) -> None:
+        for params in self.all_params:
+            params.zero_grad()
+        self.env.zero_grad()
+        for array in (self.loss.term_values, self.loss.total):
+            array.grad.zero_()
+        self.task.zero_grad(self.env)
+
+    def _record(self) -> None:
+        self._zero_grads()
+        tape = wp.Tape()
+        with tape, self._training():
+            hook = self.adjoint.step_hook(tape)
+            trajectory = rollout(self.env, self.task, self.params, after_step=hook)
+            observed = [array for array in trajectory.values() if array.grad is not None]
+            tape.record_func(lambda: self._keep_one_world(observed), observed)
+            self.loss.zero()
+            self._total = self.loss(trajectory)
+        self._tape, self._trajectory = tape, trajectory
+
+    def _keep_one_world(self, observed: list[wp.array]) -> None:
+        for array in observed:
+            wp.launch(
+                _keep_one_world, dim=array.shape, inputs=[self._mask_on, self._world], outputs=[array.grad],
+                device=array.device,
+            )  # fmt: skip
+
+    def _backward(self) -> None:
+        self._zero_grads()
+        self.adjoint.reset()
+        self._tape.backward(self._total)
+
+    def _run_backward(self) -> None:
+        if self._backward_graph is not None:
+            wp.capture_launch(self._backward_graph)
+            return
+        self._backward()
+        if self.capture:
+            with wp.ScopedCapture(device=self.params.device) as captured:
+                self._backward()
+            self._tapes.append(self._tape)  # the graph replays launches that reference it
+            self._backward_graph = captured.graph
+
+    def set_values(self, values: np.ndarray) -> None:
+        """Measure at these flat parameter values from now on (the graphs stay valid)."""
+        self.base = np.asarray(values, dtype=np.float64).copy()
+
+    def gradients(self) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+        """Per-start gradients ``(starts, one-world parameters)``, each of its start's own
+        loss; the flat gradient of the loss (every world's parameters); the loss; the state
+        adjoint's norm per step and start ``(horizon, starts)``."""
+        self.params.data.assign(self.base.astype(np.float32))
+        self._record()  # eager: the captured backward replays on what it writes
+        value = float(self._total.numpy()[0])
+        starts = self.env.world_count
+        self._mask_on.fill_(0)
+        self._run_backward()
+        full = self.params.grad.numpy().astype(np.float64)
+        profile = self.adjoint.profile()
+        rows = []
+        for world in range(starts):
+            shared = None
+            if self.layout.shared:
+                self._world.fill_(world)
+                self._mask_on.fill_(1)
+                self._run_backward()
+                shared = self.params.grad.numpy().astype(np.float64)
+            rows.append(self.layout.start(full, world, shared_from=shared))
+        self._mask_on.fill_(0)
+        # The loss averages the starts: one start's own loss is world_count times its share.
+        return np.stack(rows) * starts, full, value, profile * starts
+
+    def release(self) -> None:
+        """Drop the tape and the graphs (their memory) once this horizon is measured."""
+        self._tape = self._forward_graph = self._backward_graph = self._total = None
+        self._tapes = []
+        self._trajectory = {}
+
+
+@dataclasses.dataclass
+class Diagnosis:
+    """Every horizon's measurement, the growth rates and the recommendation."""
+
+    env: str
+    task: str
+    dt: float
+    samples: int
+    training_worlds: int
+    horizons: list[HorizonResult]
+    growth_rate_per_s: float
+    adjoint_growth_rate_per_s: float
+    window: int | None
+    clip_max_norm: float | None
+    adjoint_profile: np.ndarray  # (steps, starts) of the longest horizon
+    settings: dict[str, Any]
+    parameters: int = 0
+    seconds: float = 0.0
+    window_key: str = "env.horizon"  # what sets a training rollout's length (a policy's task.window)
+    trust_rule: str = "snr >= snr_min and zo_cosine >= zo_cosine_min"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "task": self.task,
+            "dt": self.dt,
+            "samples": self.samples,
+            "training_worlds": self.training_worlds,
+            "parameters_per_start": self.parameters,
+            "horizons": [h.as_json() for h in self.horizons],
+            "trust_rule": self.trust_rule,
+            "growth_rate_per_s": _json_float(self.growth_rate_per_s),
+            "adjoint_growth_rate_per_s": _json_float(self.adjoint_growth_rate_per_s),
+            "recommended": {
+                "window": self.window,
+                "clip_max_norm": _json_float(self.clip_max_norm),
+                "window_key": self.window_key,
+            },
+            "settings": self.settings,
+            "seconds": round(self.seconds, 2),
+        }
+
+    def table(self) -> str:
+        """One row per horizon (:func:`table_header`, :func:`table_row`)."""
+        return "\n".join([table_header(), *(table_row(h, self.dt) for h in self.horizons)])
+
+    def verdict(self) -> str:
+        """One paragraph in plain words."""
+        th = self.settings
+        uses_snr = self.trust_rule == TRUST_SHARED
+        rate = self.growth_rate_per_s
+        text = (
+            f"The gradient norm grows about e^({rate:.3g} t) with the simulated time t [s] "
+            f"(x{math.exp(rate * self.dt * 100):.3g} per 100 steps)"
+            if math.isfinite(rate)
+            else "The gradient norm's growth could not be fitted"
+        )
+        if math.isfinite(self.adjoint_growth_rate_per_s):
+            text += f"; the state adjoint grows at {self.adjoint_growth_rate_per_s:.3g} per second backwards in time"
+        text += "."
+        if self.window is None:
+            h = self.horizons[0]
+            why = _why_untrusted(h, th, uses_snr)
+            return (
+                f"{text} No horizon can be trusted, not even the shortest ({h.steps} steps): {why}. "
+                "Train over shorter horizons than these, smooth the dynamics (softer contact, a smaller time "
+                "step), or average more starts per batch; a zeroth-order or actor-critic method may do better here."
+            )
+        agrees = f"the gradient agrees with the smoothed loss (zo_cosine >= {th['zo_cosine_min']:g})"
+        if uses_snr:
+            agrees = f"one start's gradient agrees with the mean over starts (snr >= {th['snr_min']:g}) and " + agrees
+        text += f" Gradients can be trusted up to {self.window} steps ({self.window * self.dt:.3g} s): {agrees}."
+        shorter = [h for h in self.horizons if h.steps < self.window and not h.trusted]
+        if shorter:
+            why = _why_untrusted(shorter[0], th, uses_snr)
+            text += f" Shorter horizons are not all trusted: at {shorter[0].steps} steps {why}."
+        longer = next((h for h in self.horizons if h.steps > self.window), None)
+        if longer is not None:
+            text += f" At {longer.steps} steps {_why_untrusted(longer, th, uses_snr)}."
+        else:
+            text += " The longest horizon measured is trusted."
+        if self.clip_max_norm is not None:
+            text += (
+                f" Train over at most {self.window} steps ({self.window_key}={self.window}) and clip the global "
+                f"gradient norm at {self.clip_max_norm:.3g} (clip.max_norm={self.clip_max_norm:.3g}): about one "
+                f"step in ten of a {self.training_worlds}-world batch is then clipped."
+            )
+        bad_fd = [h.steps for h in self.horizons if h.fd_rel_error > FD_WARNING]
+        if bad_fd:
+            text += (
+                f" Central differences disagree with the tape by more than {FD_WARNING:.0%} at {bad_fd} steps: "
+                "check the gradient itself (python -m harness gradcheck) before trusting any number above."
+            )
+        return text
+
+
+def table_header() -> str:
+    """The header of the printed table."""
+    return (
+        f"{'steps':>7} {'sim time':>9} {'|g| median':>11} {'|g| p90':>10} {'snr':>8} {'zo_cos':>7} "
+        f"{'fd_err':>8} {'trusted':>7} {'seconds':>7}"
+    )
+
+
+def table_row(h: HorizonResult, dt: float) -> str:
+    """One horizon's row of the printed table."""
+    return (
+        f"{h.steps:>7d} {h.steps * dt:>8.3g}s {h.grad_norm_median:>11.3e} {h.grad_norm_p90:>10.3e} "
+        f"{h.snr:>8.3g} {h.zo_cosine:>7.3f} {h.fd_rel_error:>8.1e} {'yes' if h.trusted else 'no':>7} {h.seconds:>7.1f}"
+    )
+
+
+def _why_untrusted(h: HorizonResult, th: dict[str, Any], uses_snr: bool) -> str:
+    reasons = []
+    if uses_snr and not h.snr >= th["snr_min"]:
+        reasons.append(f"the sampled gradients disagree (snr {h.snr:.3g} < {th['snr_min']:g})")
+    if not h.zo_cosine >= th["zo_cosine_min"]:
+        low = f"zo_cosine {h.zo_cosine:.3g} < {th['zo_cosine_min']:g}"
+        reasons.append(f"the gradient no longer describes the smoothed loss ({low})")
+    return " and ".join(reasons) or "it is trusted"
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if not (na > 0 and nb > 0 and math.isfinite(na) and math.isfinite(nb)):
+        return math.nan
+    return float(np.dot(a, b) / (na * nb))
+
+
+def measure(
+    probe: Probe, settings: Any, rng: np.random.Generator, *, training_worlds: int
+) -> tuple[HorizonResult, np.ndarray]:
+    """Every number of one horizon (module docstring); also the adjoint profile ``(steps, starts)``."""
+    t0 = time.perf_counter()
+    grads, full, value, profile = probe.gradients()
+    norms = np.linalg.norm(grads, axis=1)
+    layout = probe.layout
+    step = probe.fd_step
+    sigma = settings.zo_scale * step
+    snr = _snr(grads)
+
+    zo, fo, zo_grad = [], [], np.zeros_like(full)
+    for _ in range(settings.zo_pairs):
+        z = rng.standard_normal(len(full))
+        delta = sigma * z
+        diff = 0.5 * (probe.loss_at(delta) - probe.loss_at(-delta))
+        zo.append(diff)
+        fo.append(float(np.dot(full, delta)))
+        zo_grad += diff * z / sigma
+    zo_cos = _cosine(np.array(zo), np.array(fo))
+    zo_full = _cosine(zo_grad, full)
+
+    errors = []
+    for _ in range(settings.fd_directions):
+        z = rng.standard_normal(len(full))
+        v = settings.fd_scale * step * z / max(float(np.linalg.norm(z)), 1e-30)
+        fd = 0.5 * (probe.loss_at(v) - probe.loss_at(-v))
+        tape = float(np.dot(full, v))
+        scale = max(abs(fd), abs(tape))
+        errors.append(abs(fd - tape) / scale if scale > 0 else 0.0)
+    fd_err = float(np.median(errors)) if errors else math.nan
+
+    batch = _batch_norms(grads, training_worlds, not layout.per_world, rng)
+    uses_snr = layout.shared  # a batch averages its starts' gradients only for a shared parameter
+    trusted = bool((snr >= settings.snr_min or not uses_snr) and zo_cos >= settings.zo_cosine_min)
+    result = HorizonResult(
+        steps=probe.env.horizon,
+        grad_norm_median=float(np.median(norms)),
+        grad_norm_p90=float(np.percentile(norms, 90)),
+        snr=float(snr),
+        zo_cosine=zo_cos,
+        fd_rel_error=fd_err,
+        trusted=trusted,
+        zo_cosine_full=zo_full,
+        batch_grad_norm_p90=float(np.percentile(batch, 90)) if len(batch) else math.nan,
+        loss=value,
+        seconds=round(time.perf_counter() - t0, 3),
+    )
+    return result, profile
+
+
+def _snr(samples: np.ndarray) -> float:
+    """``|mean| / sqrt(mean |g_i - mean|^2)`` of the rows; inf when they are all equal, nan
+    with fewer than two."""
+    if samples.shape[0] < 2:
+        return math.nan
+    mean = samples.mean(axis=0)
+    spread = math.sqrt(float(np.mean(np.sum((samples - mean) ** 2, axis=1))))
+    mean_norm = float(np.linalg.norm(mean))
+    if spread > 0:
+        return mean_norm / spread
+    return math.inf if mean_norm > 0 else math.nan
+
+
+def _batch_norms(grads: np.ndarray, worlds: int, shared: bool, rng: np.random.Generator) -> np.ndarray:
+    """Norms of the gradient a training batch of ``worlds`` starts would give, for batches
+    drawn from the measured starts with replacement: the mean of the starts' gradients for
+    shared parameters (the loss averages the worlds), their stack divided by ``worlds`` for
+    per-world ones (each world's slice gets its own start's gradient over ``worlds``)."""
+    picks = rng.integers(0, grads.shape[0], size=(BOOTSTRAP_BATCHES, worlds))
+    if shared:
+        return np.linalg.norm(grads[picks].mean(axis=1), axis=1)
+    squares = np.sum(grads**2, axis=1)
+    return np.sqrt(squares[picks].sum(axis=1)) / worlds
+
+
+def recommend(horizons: list[HorizonResult]) -> tuple[int | None, float | None]:
+    """The window (the longest trusted horizon) and the clip threshold at it (module docstring)."""
+    trusted = [h for h in horizons if h.trusted]
+    if not trusted:
+        return None, None
+    best = max(trusted, key=lambda h: h.steps)
+    clip = best.batch_grad_norm_p90
+    return best.steps, clip if math.isfinite(clip) else None
+
+
+def diagnose(
+    make_env: Callable[[int], Env],
+    task: Task,
+    loss: WeightedLoss,
+    settings: Any,
+    *,
+    horizons: list[int],
+    training_worlds: int,
+    env_name: str = "",
+    capture: bool = True,
+    values: np.ndarray | None = None,
+    report: Callable[[HorizonResult], None] | None = None,
+) -> Diagnosis:
+    """Measure every horizon (ascending) and fit and recommend (module docstring).
+
+    Args:
+        make_env: Builds the env at a horizon, with one world per start.
+        task: What is trained.
+        loss: The loss (bound to each env in turn).
+        settings: :class:`harness.config.DiagnoseSettings`.
+        horizons: Steps of every horizon measured.
+        training_worlds: ``world_count`` of a training batch (the clip recommendation).
+        env_name: For the JSON.
+        capture: Replay captured graphs (an env that cannot be captured runs eagerly).
+        values: Parameter values to measure at (default: the task's initial ones).
+        report: Called with each horizon's result as soon as it is measured.
+    """
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(settings.seed)
+    results, profile, dt, size, starts, shared = [], np.zeros((0, 0)), math.nan, 0, 0, True
+    for steps in sorted(set(horizons)):
+        env = make_env(steps)
+        dt = float(getattr(env, "dt", math.nan))
+        with _draw_key(task, env, settings.seed) as key:
+            probe = Probe(env, task, loss, key=key, capture=capture and getattr(env, "capturable", True), values=values)
+            result, profile = measure(probe, settings, rng, training_worlds=training_worlds)
+        size, starts, shared = probe.layout.one_world_size, env.world_count, probe.layout.shared
+        probe.release()
+        results.append(result)
+        if report is not None:
+            report(result)
+    times = np.array([h.steps * dt for h in results])
+    norm_rate = growth_rate(times, np.array([h.grad_norm_median for h in results]))
+    adjoint = np.median(profile, axis=1) if profile.size else np.zeros(0)
+    before_end = (len(adjoint) - 1 - np.arange(len(adjoint))) * dt
+    adjoint_rate = growth_rate(before_end, adjoint)
+    window, clip = recommend(results)
+    return Diagnosis(
+        env=env_name,
+        task=task.name,
+        dt=dt,
+        samples=starts,
+        training_worlds=training_worlds,
+        horizons=results,
+        growth_rate_per_s=norm_rate,
+        adjoint_growth_rate_per_s=adjoint_rate,
+        window=window,
+        clip_max_norm=clip,
+        adjoint_profile=profile,
+        settings=dataclasses.asdict(settings),
+        parameters=size,
+        seconds=time.perf_counter() - t0,
+        window_key="task.window" if "window" in task.training_only else "env.horizon",
+        trust_rule=TRUST_SHARED if shared else TRUST_PER_WORLD,
+    )
+
+
+@contextlib.contextmanager
+def _draw_key(task: Task, env: Env, seed: int) -> Iterator[wp.array | None]:
+    """The draw key of a task that draws fresh starts in training and does not carry a state
+    from one rollout to the next (a policy): its rollouts draw from ``seed``; None otherwise
+    (the env's own starts: open loop, quantities; SHAC's actor from the env's starts)."""
+    roles = task.required_roles()
+    if DrawsStarts in roles and CarriesState not in roles and isinstance(env, DrawsStarts):
+        yield wp.array([seed], dtype=wp.int32, device=env.device)
+    else:
+        yield None
+
+
+def draw_diagnosis(diagnosis: Diagnosis, path: str | Path) -> None:
+    """``diagnose.png``: norm (median, p90 band), snr and zo_cosine against the horizon on log
+    axes with the trusted horizons shaded; the state adjoint through the longest horizon."""
+    from matplotlib.figure import Figure
+
+    from harness.runs import atomic_output
+
+    hs = diagnosis.horizons
+    steps = np.array([h.steps for h in hs], dtype=np.float64)
+    fig = Figure(figsize=(11, 7.5), dpi=110)
+    axes = fig.subplots(2, 2)
+    (ax_norm, ax_snr), (ax_zo, ax_adj) = axes
+    # Each trusted horizon shades the band between the geometric midpoints to its neighbours.
+    edges = np.sqrt(steps[1:] * steps[:-1]) if len(steps) > 1 else np.zeros(0)
+    lows = np.concatenate([[steps[0] / 1.2], edges])
+    highs = np.concatenate([edges, [steps[-1] * 1.2]])
+
+    def shade(ax: Any) -> None:
+        label = "trusted"
+        for h, lo, hi in zip(hs, lows, highs, strict=True):
+            if h.trusted:
+                ax.axvspan(lo, hi, color="tab:green", alpha=0.12, lw=0, label=label)
+                label = None
+
+    median = np.array([h.grad_norm_median for h in hs])
+    p90 = np.array([h.grad_norm_p90 for h in hs])
+    shade(ax_norm)
+    ax_norm.fill_between(steps, median, p90, color="tab:blue", alpha=0.25, lw=0, label="median to p90")
+    ax_norm.plot(steps, median, "o-", color="tab:blue", label="median |g| of one start")
+    batch = np.array([h.batch_grad_norm_p90 for h in hs])
+    ax_norm.plot(
+        steps, batch, "s--", color="tab:purple", ms=4, label=f"p90 |g| of a {diagnosis.training_worlds}-world batch"
+    )
+    if diagnosis.clip_max_norm is not None:
+        ax_norm.axhline(
+            diagnosis.clip_max_norm, color="tab:red", ls=":", lw=1, label=f"clip_max_norm {diagnosis.clip_max_norm:.3g}"
+        )
+    _log_axes(ax_norm, median, p90, batch)
+    ax_norm.set_title("gradient norm")
+    ax_norm.set_ylabel("|g|")
+
+    snr = np.array([h.snr for h in hs])
+    shade(ax_snr)
+    ax_snr.plot(steps, np.where(np.isfinite(snr), snr, np.nan), "o-", color="tab:orange")
+    ax_snr.axhline(
+        diagnosis.settings["snr_min"], color="gray", ls="--", lw=1, label=f"snr_min {diagnosis.settings['snr_min']:g}"
+    )
+    _log_axes(ax_snr, snr)
+    title = "signal-to-noise ratio |mean g| / rms(g - mean g)"
+    if diagnosis.trust_rule != TRUST_SHARED:
+        title += "\n(reported, not in the rule: every world trains its own parameters)"
+    ax_snr.set_title(title, fontsize=10 if diagnosis.trust_rule != TRUST_SHARED else None)
+
+    zo = np.array([h.zo_cosine for h in hs])
+    full = np.array([h.zo_cosine_full for h in hs])
+    shade(ax_zo)
+    ax_zo.plot(steps, zo, "o-", color="tab:green", label="zo_cosine (in the sampled directions)")
+    ax_zo.plot(steps, full, "x:", color="gray", label="cosine in all parameters")
+    ax_zo.axhline(
+        diagnosis.settings["zo_cosine_min"],
+        color="gray",
+        ls="--",
+        lw=1,
+        label=f"zo_cosine_min {diagnosis.settings['zo_cosine_min']:g}",
+    )
+    ax_zo.set_xscale("log")
+    ax_zo.set_ylim(-1.05, 1.05)
+    ax_zo.set_title("first-order vs zeroth-order (smoothed loss)")
+    ax_zo.set_xlabel("horizon [steps]")
+    ax_zo.set_ylabel("cosine")
+
+    profile = diagnosis.adjoint_profile
+    if profile.size:
+        t = (np.arange(profile.shape[0]) + 1) * diagnosis.dt
+        lo, mid, hi = np.percentile(profile, [10, 50, 90], axis=1)
+        ax_adj.fill_between(t, lo, hi, color="tab:brown", alpha=0.25, lw=0, label="10% to 90% of starts")
+        ax_adj.plot(t, mid, color="tab:brown", lw=1.2, label="median")
+        if np.any(mid > 0) and np.nanmax(mid) / max(np.nanmin(mid[mid > 0]), 1e-300) > 20:
+            ax_adj.set_yscale("log")
+        rate = diagnosis.adjoint_growth_rate_per_s
+        ax_adj.set_title(
+            f"state adjoint |dL/ds_t|, {profile.shape[0]} steps"
+            + (f": x e^({rate:.3g}/s) backwards" if math.isfinite(rate) else "")
+        )
+        ax_adj.set_xlabel("simulated time t [s]")
+        ax_adj.legend(fontsize=7, loc="best")
+    for ax in (ax_norm, ax_snr, ax_zo):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    ax_snr.set_xlabel("horizon [steps]")
+    ax_norm.set_xlabel("horizon [steps]")
+    fig.suptitle(
+        f"harness diagnose: {diagnosis.env}, task {diagnosis.task}, {diagnosis.samples} starts"
+        + (f"; trusted up to {diagnosis.window} steps" if diagnosis.window else "; no horizon trusted")
+    )
+    fig.tight_layout()
+    with atomic_output(path) as partial:
+        fig.savefig(partial, format="png")
+
+
+def _log_axes(ax: Any, *series: np.ndarray) -> None:
+    ax.set_xscale("log")
+    values = np.concatenate([np.asarray(s, np.float64) for s in series])
+    values = values[np.isfinite(values) & (values > 0)]
+    if len(values) and values.max() / values.min() > 3:
+        ax.set_yscale("log")
+
+
+class DiagnoseLog(Callback):
+    """``diagnose.every=N``: every N iterations of a training run, the measures of one horizon
+    (the training rollout's) at the parameters training has reached, as TensorBoard scalars
+    ``diagnose/*`` and one printed line: a user sees the gradient degrade as a policy improves.
+
+    The measurement runs on an env, task and loss of its own (``make``: built once, on first
+    use; the task trains the first parameter group's layout), so training's arrays, graph and
+    random draws are untouched: a run logs the same curves with and without it.
+
+    Args:
+        settings: :class:`harness.config.DiagnoseSettings` (``every``, and what is measured).
+        make: Builds ``(env, task, loss)`` for the measurement.
+        training_worlds: ``world_count`` of a training batch (``diagnose/batch_grad_norm_p90``).
+    """
+
+    def __init__(self, settings: Any, make: Callable[[], tuple[Env, Task, WeightedLoss]], *, training_worlds: int):
+        self.settings, self.make, self.training_worlds = settings, make, training_worlds
+        self.every = int(settings.every)
+        self._probe: Probe | None = None
+
+    def on_iteration(self, loop: Any, iteration: int) -> None:
+        done = iteration + 1
+        if self.every <= 0 or done % self.every:
+            return
+        values = loop.step.params.data.numpy()
+        if not np.all(np.isfinite(values)):
+            return
+        if self._probe is None:
+            env, task, loss = self.make()
+            with _draw_key(task, env, self.settings.seed) as key:
+                self._probe = Probe(env, task, loss, key=key, capture=getattr(env, "capturable", True), values=values)
+        probe = self._probe
+        probe.set_values(values)
+        rng = np.random.default_rng([self.settings.seed, done])
+        result, _ = measure(probe, self.settings, rng, training_worlds=self.training_worlds)
+        scalars = {
+            tags.DIAGNOSE_SNR: result.snr,
+            tags.DIAGNOSE_ZO_COSINE: result.zo_cosine,
+            tags.DIAGNOSE_GRAD_NORM_MEDIAN: result.grad_norm_median,
+            tags.DIAGNOSE_FD_REL_ERROR: result.fd_rel_error,
+            tags.DIAGNOSE_BATCH_GRAD_NORM_P90: result.batch_grad_norm_p90,
+            tags.DIAGNOSE_TRUSTED: float(result.trusted),
+        }
+        for callback in loop.callbacks:
+            if callback is not self:
+                callback.on_scalars(loop, iteration, scalars)
+        print(
+            f"diagnose at iteration {done}: {result.steps} steps, snr {result.snr:.3g}, "
+            f"zo_cosine {result.zo_cosine:.3f}, |g| median {result.grad_norm_median:.3e}, "
+            f"{'trusted' if result.trusted else 'NOT trusted'} ({result.seconds:.1f} s)",
+            flush=True,
+        )

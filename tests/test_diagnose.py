@@ -1,0 +1,173 @@
+"""``harness diagnose``: every number against a linear system's closed form, the command on
+the cartpole (its files, its table, a refusal), and ``diagnose.every`` during training."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from harness import tags
+from harness.config import DiagnoseSettings
+from harness.diagnose import diagnose, geometric_horizons, growth_rate
+from harness.losses import WeightedLoss
+from harness.tasks import OpenLoop, TrainQuantities
+from tests.helpers import ROOT, run_harness
+from tests.linear_env import LinearEnv
+
+RATE, DT, TARGET, WEIGHT, WORLDS = 2.0, 0.05, 3.0, 1.0, 16
+HORIZONS = [2, 4, 8, 16, 32]
+
+
+def linear_loss() -> WeightedLoss:
+    return WeightedLoss({"x": {"source": "x", "weight": WEIGHT, "target": [TARGET], "steps": "last"}})
+
+
+def make_linear(steps: int) -> LinearEnv:
+    return LinearEnv(horizon=steps, world_count=WORLDS, rate=RATE, dt=DT, device="cpu")
+
+
+def closed_form(steps: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-start gradients of ``w (x_h - c)^2`` with respect to the shared force ``f`` (at 0) and
+    to the open-loop actions ``u_0 .. u_{h-1}`` (at 0): ``x_h = alpha^h x_0 + (f + u) terms``."""
+    alpha = math.exp(RATE * DT)
+    x_h = alpha**steps * starts
+    powers = alpha ** np.arange(steps - 1, -1, -1, dtype=np.float64)  # d x_h / d u_s
+    residual = 2.0 * WEIGHT * (x_h - TARGET)
+    return residual * powers.sum(), residual[:, None] * powers[None, :]
+
+
+def closed_snr(grads: np.ndarray) -> float:
+    mean = grads.mean(axis=0)
+    return float(np.linalg.norm(mean) / math.sqrt(np.mean(np.sum((grads - mean) ** 2, axis=-1))))
+
+
+def test_geometric_horizons_halve_the_horizon_down_to_the_shortest():
+    assert geometric_horizons(240) == [15, 30, 60, 120, 240]
+    assert geometric_horizons(2000) == [16, 31, 62, 125, 250, 500, 1000, 2000]
+    assert geometric_horizons(2000, shortest=20) == [31, 62, 125, 250, 500, 1000, 2000]
+    assert geometric_horizons(5) == [5]
+
+
+def test_the_growth_rate_is_the_slope_of_the_log():
+    t = np.array([0.1, 0.5, 2.0])
+    assert growth_rate(t, 3.0 * np.exp(1.7 * t)) == pytest.approx(1.7, rel=1e-12)
+    assert math.isnan(growth_rate(t[:1], np.ones(1)))
+
+
+@pytest.fixture(scope="module")
+def shared():
+    """``task=physical`` on the shared force: one backward pass per start, other worlds masked."""
+    settings = DiagnoseSettings(samples=WORLDS, zo_pairs=6, fd_directions=2, zo_scale=1.0)
+    return diagnose(
+        make_linear, TrainQuantities(), linear_loss(), settings, horizons=HORIZONS, training_worlds=4, env_name="linear"
+    )
+
+
+def test_a_shared_parameter_matches_the_linear_systems_closed_form(shared):
+    starts = make_linear(2).starts()
+    norms = []
+    for h in shared.horizons:
+        force_grads, _ = closed_form(h.steps, starts)
+        expected = np.abs(force_grads)
+        norms.append(np.median(expected))
+        assert h.grad_norm_median == pytest.approx(np.median(expected), rel=2e-4)
+        assert h.grad_norm_p90 == pytest.approx(np.percentile(expected, 90), rel=2e-4)
+        assert h.snr == pytest.approx(closed_snr(force_grads[:, None]), rel=2e-3)
+        # The loss is quadratic in the force: central differences are exact, both estimates agree.
+        assert h.zo_cosine == pytest.approx(1.0, abs=1e-4)
+        assert h.fd_rel_error < 1e-3
+    times = np.array(HORIZONS) * DT
+    assert shared.growth_rate_per_s == pytest.approx(growth_rate(times, np.array(norms)), rel=1e-3)
+    # The state adjoint of x' = a x grows by exp(a) per second backwards: exactly a.
+    assert shared.adjoint_growth_rate_per_s == pytest.approx(RATE, rel=1e-3)
+
+
+def test_trust_ends_where_the_starts_disagree_and_the_window_is_the_longest_trusted(shared):
+    starts = make_linear(2).starts()
+    expected = [closed_snr(closed_form(h, starts)[0][:, None]) >= 1.0 for h in HORIZONS]
+    assert [h.trusted for h in shared.horizons] == expected
+    assert expected[0] and not expected[-1]  # the case covers both sides of the threshold
+    longest = max(h for h, ok in zip(HORIZONS, expected, strict=True) if ok)
+    assert shared.window == longest
+    at = next(h for h in shared.horizons if h.steps == longest)
+    assert shared.clip_max_norm == at.batch_grad_norm_p90
+    # A shared parameter's training gradient averages 4 starts: its p90 lies below one start's.
+    assert 0 < at.batch_grad_norm_p90 <= at.grad_norm_p90 * (1 + 1e-6)
+    verdict = shared.verdict()
+    assert f"up to {longest} steps" in verdict and f"clip.max_norm={shared.clip_max_norm:.3g}" in verdict
+
+
+def test_per_world_parameters_give_every_starts_gradient_in_one_backward_and_trust_rests_on_zo_cosine():
+    settings = DiagnoseSettings(samples=WORLDS, zo_pairs=6, fd_directions=2)
+    found = diagnose(make_linear, OpenLoop(), linear_loss(), settings, horizons=[4, 32], training_worlds=4)
+    starts = make_linear(2).starts()
+    for h in found.horizons:
+        _, grads = closed_form(h.steps, starts)
+        norms = np.linalg.norm(grads, axis=1)
+        assert h.grad_norm_median == pytest.approx(np.median(norms), rel=2e-4)
+        assert h.snr == pytest.approx(closed_snr(grads), rel=2e-3)
+        assert h.zo_cosine == pytest.approx(1.0, abs=1e-4)
+        assert h.fd_rel_error < 1e-3
+        # Each world trains its own actions: a batch averages no starts, so snr is not in the rule.
+        assert h.trusted
+        # A 4-world batch stacks its starts' gradients, each divided by 4.
+        assert h.batch_grad_norm_p90 <= np.max(norms) / 2 * (1 + 1e-6)
+    assert found.horizons[-1].snr < 1.0  # the starts disagree here, and it is still trusted
+    assert found.window == 32 and "snr" not in found.trust_rule
+    assert found.adjoint_growth_rate_per_s == pytest.approx(RATE, rel=1e-3)
+
+
+def test_diagnose_on_the_cartpole_writes_its_json_picture_and_table(tmp_path):
+    out = tmp_path / "diag"
+    done = run_harness(
+        "diagnose", "+env=cartpole", "env.horizon=16", "diagnose.horizons=[4,16]", "diagnose.samples=4",
+        "diagnose.zo_pairs=4", "diagnose.fd_directions=1", f"hydra.run.dir={out}",
+        cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = json.loads((out / "diagnose.json").read_text())
+    assert found["env"] == "cartpole" and found["task"] == "open_loop"
+    assert [h["steps"] for h in found["horizons"]] == [4, 16]
+    for h in found["horizons"]:
+        assert set(h) >= {"steps", "grad_norm_median", "grad_norm_p90", "snr", "zo_cosine", "fd_rel_error", "trusted"}
+        assert h["grad_norm_median"] > 0 and -1 <= h["zo_cosine"] <= 1
+    assert set(found["recommended"]) >= {"window", "clip_max_norm"}
+    assert "growth_rate_per_s" in found and found["settings"]["zo_pairs"] == 4
+    assert (out / "diagnose.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["4"], ["16"])]
+    assert [r[0] for r in rows] == ["4", "16"]
+
+
+def test_a_bad_diagnose_setting_is_one_line_and_exit_2(tmp_path):
+    done = run_harness("diagnose", "+env=cartpole", "diagnose.samples=1", f"hydra.run.dir={tmp_path / 'd'}", cwd=ROOT)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "diagnose.samples" in lines[0], done.stderr
+    assert not (tmp_path / "d" / "diagnose.json").exists()
+
+
+def _scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_diagnose_every_logs_the_measures_and_leaves_training_unchanged(tmp_path):
+    common = ["train", "+env=cartpole", "env.horizon=12", "iterations=4", "log_every=2", "plot_every=null"]
+    runs = {}
+    for name, extra in (("plain", []), ("measured", ["diagnose.every=2", "diagnose.samples=3", "diagnose.zo_pairs=3",
+                                                      "diagnose.fd_directions=1"])):  # fmt: skip
+        done = run_harness(*common, *extra, f"hydra.run.dir={tmp_path / name}", cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        runs[name] = _scalars(tmp_path / name)
+    measured = runs["measured"]
+    assert [step for step, _ in measured[tags.DIAGNOSE_SNR]] == [2, 4]
+    assert all(-1 <= v <= 1 for _, v in measured[tags.DIAGNOSE_ZO_COSINE])
+    assert all(v > 0 for _, v in measured[tags.DIAGNOSE_GRAD_NORM_MEDIAN])
+    for tag, values in runs["plain"].items():  # training's own curves are the same, bit for bit
+        if not tag.startswith("perf/"):  # (speed is not)
+            assert measured[tag] == values, tag
