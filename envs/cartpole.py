@@ -111,7 +111,8 @@ class CartpoleConfig(NewtonEnvConfig):
 @wp.kernel
 def _apply_cart_force(
     actions: wp.array3d(dtype=wp.float32),
-    step: int,
+    base: wp.array(dtype=wp.int32),
+    slot: int,
     dofs_per_world: int,
     cart_dof: int,
     clamp: int,
@@ -119,7 +120,7 @@ def _apply_cart_force(
     joint_f: wp.array(dtype=wp.float32),
 ):
     world = wp.tid()
-    force = actions[step, world, 0]
+    force = actions[base[0] + slot, world, 0]  # step base + slot: one launch serves every segment
     if clamp != 0:  # the identity forward; backward clamps the gradient through this force
         force = clamp_adjoint(force, limit)
     joint_f[world * dofs_per_world + cart_dof] = force
@@ -128,12 +129,13 @@ def _apply_cart_force(
 @wp.kernel
 def _record_dofs(
     source: wp.array(dtype=wp.float32),
-    row: int,
+    base: wp.array(dtype=wp.int32),
+    offset: int,
     dofs_per_world: int,
     out: wp.array3d(dtype=wp.float32),
 ):
     world, dof = wp.tid()
-    out[row, world, dof] = source[world * dofs_per_world + dof]
+    out[base[0] + offset, world, dof] = source[world * dofs_per_world + dof]
 
 
 @wp.kernel
@@ -211,6 +213,7 @@ class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentable):
     """Newton's URDF cartpole with ``SolverFeatherstone``; see :class:`CartpoleConfig` for the fields."""
 
     name = "cartpole"
+    segment_graph = True  # its kernels read the step as segment_base[0] + slot (harness.env.Segmentable)
     Config = CartpoleConfig
     state_fields = ("joint_q", "joint_qd")
 
@@ -341,7 +344,15 @@ class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentable):
         wp.launch(
             _apply_cart_force,
             dim=self.world_count,
-            inputs=[actions, t, DOFS_PER_WORLD, CART_DOF, int(clamp is not None), clamp or 0.0],
+            inputs=[
+                actions,
+                self.segment_base,
+                self.slot(t),
+                DOFS_PER_WORLD,
+                CART_DOF,
+                int(clamp is not None),
+                clamp or 0.0,
+            ],
             outputs=[self.joint_f[self.slot(t)]],
             device=self.device,
         )
@@ -360,7 +371,7 @@ class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentable):
                 wp.launch(
                     _record_dofs,
                     dim=(self.world_count, DOFS_PER_WORLD),
-                    inputs=[getattr(state, name), row, DOFS_PER_WORLD],
+                    inputs=[getattr(state, name), self.segment_base, row - self._base, DOFS_PER_WORLD],
                     outputs=[self.observed[name]],
                     device=self.device,
                 )

@@ -74,6 +74,8 @@ generically for Newton ``State`` objects (every array of the State is saved and 
 gradient carried), and a subclass whose per-step arrays (a per-step scratch copy, a
 per-step control) are indexed by the step's slot in its segment
 (:meth:`~harness.newton_env.NewtonEnv.slot`) lists :class:`Segmentable` among its bases.
+With graph capture, an env that also sets :attr:`Segmentable.segment_graph` has one
+segment's captured graph replayed for every segment (docs/memory.md).
 """
 
 from __future__ import annotations
@@ -414,6 +416,39 @@ class Segmentable(abc.ABC):
     """Role: a rollout in segments, backward segment by segment (``memory.segment_steps``)."""
 
     summary: ClassVar[str] = "segments: save and restore a segment's state (memory.segment_steps)"
+
+    segment_graph: ClassVar[bool] = False
+    """True when one captured segment serves every segment (:class:`harness.memory.SegmentGraphs`):
+    every kernel of a rollout that addresses a per-step row (the action row :meth:`Env.act`
+    reads, the observable row :meth:`Env.write_observables` writes) takes the device step
+    :attr:`segment_base` and the row relative to the segment's first step (``t - start``,
+    :meth:`harness.newton_env.NewtonEnv.slot`) and adds them on the device, so no launch of a
+    segment depends on where the segment starts; the env also implements
+    :meth:`set_segment_base`, :meth:`restore_segment` and :meth:`save_segment`
+    (:class:`harness.newton_env.NewtonEnv` does, for any Newton ``State``). False (the
+    default, and every env that does not say otherwise): a captured segmented iteration is
+    one graph of all segments, which grows with the horizon."""
+
+    segment_base: wp.array
+    """int32 ``(1,)`` on the env's device: the step of the current segment's first state (with
+    :attr:`segment_graph`)."""
+
+    def set_segment_base(self, start: int) -> None:
+        """The following steps are ``start, start + 1, ...``: write ``start`` into
+        :attr:`segment_base` (a host write, issued outside any captured segment graph)
+        (with :attr:`segment_graph`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not share one graph between segments")
+
+    def restore_segment(self) -> None:
+        """:meth:`begin_segment` ``(restore=True)`` without the host write: copy the state
+        saved at step ``segment_base[0]`` into the segment's first state, its row picked on the
+        device (with :attr:`segment_graph`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not share one graph between segments")
+
+    def save_segment(self, steps: int) -> None:
+        """:meth:`end_segment` of step ``segment_base[0] + steps``, its row picked on the device
+        (with :attr:`segment_graph`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not share one graph between segments")
 
     @abc.abstractmethod
     def begin_segment(self, start: int, *, restore: bool) -> None:

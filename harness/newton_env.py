@@ -20,7 +20,11 @@ new env writes only its scene, its solver, its observables and its quantities:
   copies them) saved at each segment start and every gradient of the State carried
   between segments, for any Newton ``State``. A subclass whose per-step arrays are indexed
   by :meth:`NewtonEnv.slot` (and listed in :meth:`NewtonEnv.step_arrays`) lists
-  :class:`~harness.env.Segmentable` among its bases.
+  :class:`~harness.env.Segmentable` among its bases. The saved states are one array per State
+  array (a row per segment start) and :attr:`NewtonEnv.segment_base` holds the segment's first
+  step on the device, so a subclass whose kernels address per-step rows as
+  ``segment_base[0] + slot`` sets ``segment_graph = True`` and one captured segment serves
+  every segment (:class:`harness.memory.SegmentGraphs`, docs/memory.md).
 
 """
 
@@ -54,12 +58,14 @@ def _particles_to_target(
     per_world: int,
     count: int,
     targets: wp.array(dtype=wp.vec3),
-    row: int,
+    base: wp.array(dtype=wp.int32),
+    offset: int,
     out: wp.array3d(dtype=wp.float32),
 ):
     # One thread per world averages its first `count` particles in order: the same sum on
     # every run and device (count 1: the particle's own position, exactly).
     world = wp.tid()
+    row = base[0] + offset
     mean = wp.vec3(0.0)
     for i in range(count):
         mean += particle_q[world * per_world + i] / float(count)
@@ -83,6 +89,21 @@ def _restart_kernel(
         after[i] = fresh[i]
     else:
         after[i] = before[i]
+
+
+@wp.kernel
+def _save_kernel(
+    base: wp.array(dtype=wp.int32), steps: int, k: int, source: wp.array(dtype=Any), saved: wp.array2d(dtype=Any)
+):
+    # Row r of the saved states holds step (r + 1) * k; the step saved is segment_base + steps.
+    i = wp.tid()
+    saved[(base[0] + steps) // k - 1, i] = source[i]
+
+
+@wp.kernel
+def _restore_kernel(base: wp.array(dtype=wp.int32), k: int, saved: wp.array2d(dtype=Any), target: wp.array(dtype=Any)):
+    i = wp.tid()
+    target[i] = saved[base[0] // k - 1, i]
 
 
 @wp.kernel
@@ -124,7 +145,10 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         self.states = [self.model.state(requires_grad=True) for _ in range(count)]
         self._starts: list[Any] = []  # per step: the state after a restart (enable_restarts)
         self._base = 0  # the step whose State is states[0] (a segment's start)
-        self._saved: dict[int, Any] = {}
+        # the step of states[0], on the device: kernels address per-step rows (actions, observables)
+        # as segment_base[0] + slot, so one captured segment serves every segment (segment_graph)
+        self.segment_base = wp.zeros(1, dtype=wp.int32, device=self.device)
+        self._saved: dict[str, wp.array] = {}
         self._carry: dict[str, wp.array] = {}
         self._stash: list[wp.array] | None = None
         self._final: dict[str, wp.array] = {}
@@ -132,8 +156,16 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         if self.segment_steps is not None:
             k = self.segment_steps
             # values only: a saved State with gradients would double its memory, and wp.copy
-            # would copy those gradients along at every save and restore
-            self._saved = {start: self.model.state(requires_grad=False) for start in range(k, self.horizon, k)}
+            # would copy those gradients along at every save and restore. One array per State
+            # array, row r the state at step (r + 1) * k, so a captured save or restore can pick
+            # its row from the device step (save_segment, restore_segment).
+            rows = len(range(k, self.horizon, k))
+            if rows:
+                template = _state_arrays(self.model.state(requires_grad=False))
+                self._saved = {
+                    name: wp.empty((rows, *array.shape), dtype=array.dtype, device=self.device)
+                    for name, array in template.items()
+                }
             self._carry = {
                 name: wp.zeros_like(array.grad)
                 for name, array in _state_arrays(self.states[0]).items()
@@ -236,16 +268,42 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         return [array for state in states for array in _state_arrays(state).values()]
 
     def begin_segment(self, start: int, *, restore: bool) -> None:
-        self._base = start
+        self.set_segment_base(start)
         if restore:
-            first = _state_arrays(self.states[0])
-            for name, array in _state_arrays(self._saved[start]).items():
-                wp.copy(first[name], array)
+            self.restore_segment()
 
     def end_segment(self, end: int) -> None:
-        state = _state_arrays(self.state(end))
-        for name, array in _state_arrays(self._saved[end]).items():
-            wp.copy(array, state[name])
+        self.save_segment(self.slot(end))
+
+    def set_segment_base(self, start: int) -> None:
+        """The following steps are ``start, start + 1, ...`` (:meth:`slot`); writes
+        :attr:`segment_base` (a host write: outside a captured segment graph)."""
+        self._base = start
+        self.segment_base.fill_(start)
+
+    def restore_segment(self) -> None:
+        """Copy the state saved at step ``segment_base`` into the segment's first State; the
+        row comes from the device (the same launches for every segment)."""
+        first = _state_arrays(self.states[0])
+        for name, saved in self._saved.items():
+            target = first[name]
+            if target.size:
+                wp.launch(
+                    _restore_kernel, dim=target.size, inputs=[self.segment_base, self.segment_steps,
+                    saved.reshape((saved.shape[0], target.size))], outputs=[target.flatten()], device=self.device,
+                )  # fmt: skip
+
+    def save_segment(self, steps: int) -> None:
+        """Save the state ``steps`` steps after the segment's first (step ``segment_base + steps``,
+        a segment start) into its row, picked on the device."""
+        state = _state_arrays(self.states[steps])
+        for name, saved in self._saved.items():
+            source = state[name]
+            if source.size:
+                wp.launch(
+                    _save_kernel, dim=source.size, inputs=[self.segment_base, steps, self.segment_steps,
+                    source.flatten()], outputs=[saved.reshape((saved.shape[0], source.size))], device=self.device,
+                )  # fmt: skip
 
     def zero_segment_grad(self) -> None:
         _zero_grads(*self._all_state_arrays(), *self.step_arrays())
@@ -302,7 +360,12 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         }
 
     def row(self, name: str, t: int) -> int | None:
-        """The row of ``observed[name]`` that step ``t`` writes, or None when it writes none."""
+        """The row of ``observed[name]`` that step ``t`` writes, or None when it writes none.
+
+        A kernel that writes the row takes :attr:`segment_base` and ``row - self._base`` (the
+        row relative to the segment's first step) and writes row ``segment_base[0] + offset``:
+        the same launch for every segment (the offset is the slot for ``steps: all``; the
+        ``steps: last`` row is written by the last segment only)."""
         mode = self._wanted.get(name)
         if mode == "all":
             return t
@@ -319,7 +382,7 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
             wp.launch(
                 _particles_to_target,
                 dim=self.world_count,
-                inputs=[self.state(t + 1).particle_q, per_world, count, targets, row],
+                inputs=[self.state(t + 1).particle_q, per_world, count, targets, self.segment_base, row - self._base],
                 outputs=[self.observed[name]],
                 device=self.device,
             )

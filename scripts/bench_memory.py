@@ -3,7 +3,10 @@ tape against segments (``memory.segment_steps``), each configuration in a fresh 
 
 Each child builds the cartpole (``world_count`` worlds, the upright loss, Adam, norm clip
 at 1) through the harness's own TrainStep, runs ``--iterations`` training iterations
-(eagerly, or with ``--capture`` the first eagerly and the rest as one captured graph) and
+(eagerly, or with ``--capture`` the first eagerly and the rest replayed from the captured
+graphs: with segments, one graph per kind of segment, :class:`harness.memory.SegmentGraphs`;
+scripts/bench_segment_graph.py compares that with eager segments and with one graph of all
+segments) and
 reports its peak resident memory (``ru_maxrss``: the whole process, Python, Warp and Newton
 included) and the median time of the iterations after the first (kernels come from Warp's
 cache, so the first iteration is no longer a compile). Ratios are taken between runs of this

@@ -26,6 +26,14 @@ allocates and nothing is read back, so the sequence is recorded once with
 ``wp.capture_launch`` (:meth:`~TrainStep.run`), on the CPU as on CUDA, bit-identical to
 running it eagerly. Work done only at log steps (parameter norm, update ratio, histogram
 copies, the adjoint profile) runs outside the graph (:meth:`~TrainStep.log_values`).
+
+With segments (``memory.segment_steps``) and an env and task that read the step from the
+device (:func:`harness.memory.segment_graph_blocker`), the capture is split around the
+segmented forward + backward: the launches before it (zeroing) are one graph, the segments
+are :class:`harness.memory.SegmentGraphs` (one graph per kind of segment, replayed for every
+segment), the launches after it (the update, the history row) another graph; a replay is
+that short host loop of graph launches, and the memory it holds does not grow with the
+horizon.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from harness.clip import ClipPolicy
 from harness.clip.nonfinite import NonFinite
 from harness.env import Env, Trajectory
 from harness.losses import WeightedLoss
-from harness.memory import segmented_forward_backward
+from harness.memory import SegmentGraphs, segment_graph_blocker, segmented_forward_backward
 from harness.optim import Optimizer
 from harness.params import ParamSet
 from harness.schedules import Schedule
@@ -281,7 +289,10 @@ class TrainStep:
             row ``iteration % rows``.
         counter: int32 ``(1,)``: iterations done (the row index source); set by
             :meth:`set_iteration` when a run starts or resumes.
-        graph: The captured iteration, or None while running eagerly.
+        graph: The captured iteration (with segment graphs: the graph of the launches after
+            the segments), or None while running eagerly.
+        segment_graphs: The captured segments (:class:`harness.memory.SegmentGraphs`) when the
+            capture was split around them, else None.
         trajectory: The env's observables of the latest rollout (device arrays).
         timing: Host seconds: ``forward``, ``backward``, ``adjoint_clip``,
             ``grad_stats_clip`` and ``optim`` of eager iterations (on the CPU launches are
@@ -352,6 +363,9 @@ class TrainStep:
         self.history = wp.zeros((self.rows, len(self.columns)), dtype=wp.float32, device=self.device)
 
         self.graph: Any = None
+        self.segment_graphs: SegmentGraphs | None = None  # a split capture's segments (module docstring)
+        self._program: list[tuple[Any, Any]] = []  # a split capture: (graph, or SegmentGraphs) in order
+        self._capturing = False
         self.trajectory: Trajectory | None = None
         self._tape: Any = None  # the tape (or what a segmented backward kept) a captured graph references
         self._timed = True
@@ -387,9 +401,12 @@ class TrainStep:
         with self.task.training(self.counter):
             if self.env.segment_steps is not None:
                 zero_grads(self.env, self.loss, self.all_params(), self.task)
-                self._tape, self.trajectory, _ = segmented_forward_backward(
-                    self.env, self.task, self.loss, params, adjoint=self.adjoint
-                )
+                if self._capturing and segment_graph_blocker(self.env, self.task, self.adjoint) is None:
+                    self._split_capture(params)
+                else:
+                    self._tape, self.trajectory, _ = segmented_forward_backward(
+                        self.env, self.task, self.loss, params, adjoint=self.adjoint
+                    )
                 t1 = t0
             else:
                 for other in self.all_params()[1:]:  # taped_rollout zeroes the rollout's own (the first group's)
@@ -432,13 +449,31 @@ class TrainStep:
         if self._timed:
             self.timing["optim"] += time.perf_counter() - t0
 
+    def _split_capture(self, params: ParamSet) -> None:
+        """In a capture: end the graph so far, capture the segments' graphs, start the next graph."""
+        self._program.append((wp.capture_end(device=self.device), None))
+        self._capturing = False
+        graphs = SegmentGraphs(self.env, self.task, self.loss, params, device=self.device)
+        self._program.append((None, graphs))
+        self._tape, self.trajectory, self.segment_graphs = graphs, graphs.trajectory, graphs
+        wp.capture_begin(device=self.device)
+        self._capturing = True
+
     def run(self) -> None:
-        """One iteration: a replay of the captured graph when there is one, else eagerly."""
+        """One iteration: a replay of the captured graph (or of a split capture's graphs, in
+        order) when there is one, else eagerly."""
         if self.graph is None:
             self.iteration()
             return
         t0 = time.perf_counter()
-        wp.capture_launch(self.graph)
+        if self._program:
+            for graph, segments in self._program:
+                if segments is not None:
+                    segments.launch()
+                else:
+                    wp.capture_launch(graph)
+        else:
+            wp.capture_launch(self.graph)
         self.timing["graph"] += time.perf_counter() - t0
 
     def capture(self) -> float:
@@ -452,12 +487,17 @@ class TrainStep:
         """
         t0 = time.perf_counter()
         self._timed = False
+        self._program, self.segment_graphs = [], None
+        wp.capture_begin(device=self.device)
+        self._capturing = True
         try:
-            with wp.ScopedCapture(device=self.device) as capture:
-                self.iteration()
+            self.iteration()
         finally:
-            self._timed = True
-        self.graph = capture.graph
+            last = wp.capture_end(device=self.device) if self._capturing else None
+            self._capturing, self._timed = False, True
+        if self._program:  # split around the segments (module docstring)
+            self._program.append((last, None))
+        self.graph = last
         elapsed = time.perf_counter() - t0
         self.timing["capture"] += elapsed
         return elapsed
