@@ -21,20 +21,23 @@ initial states, or, for a task that draws fresh starts in training, one device d
 - ``zo_cosine``: the first-order gradient against a zeroth-order estimate of the gradient
   of the Gaussian-smoothed loss ``F_s(x) = E_z F(x + s * z)`` (Suh et al., ICML 2022, "Do
   Differentiable Simulators Give Better Policy Gradients?"), from ``zo_pairs`` antithetic
-  pairs ``F(x + s z_j) - F(x - s z_j)`` (``s``: ``zo_scale`` times each parameter's
-  finite-difference step). A zeroth-order estimate from ``N`` directions only sees the
-  gradient inside their span, so the cosine is taken there: between the ``N`` zeroth-order
-  directional differences ``(F(x + s z_j) - F(x - s z_j)) / 2`` and the first-order ones
-  ``mean g . (s z_j)``. (The cosine in the whole parameter space is bounded by about
-  ``sqrt(N / d)`` for ``d`` parameters even for an exact gradient; it is reported too, as
-  ``zo_cosine_full``.) Near 1 the gradient describes the loss at the smoothing scale; low
-  or negative values are Suh et al.'s empirical bias (stiff contact, discontinuities) or a
-  landscape too rough for any local gradient.
+  pairs ``F(x + s z_j) - F(x - s z_j)`` (``F``: the batch's loss; ``x``: every world's
+  parameters; ``s``: ``zo_scale`` times each parameter's finite-difference step). A
+  zeroth-order estimate from ``N`` directions only sees the gradient inside their span, so
+  the cosine is taken there: between the ``N`` zeroth-order directional differences
+  ``(F(x + s z_j) - F(x - s z_j)) / 2`` and the first-order ones ``g . (s z_j)``. (The cosine
+  in the whole parameter space is about ``sqrt(N / d)`` for ``d`` parameters even for an
+  exact gradient; it is reported too, as ``zo_cosine_full``.) Near 1 the gradient describes
+  the loss at the smoothing scale; low or negative values are Suh et al.'s empirical bias
+  (stiff contact, discontinuities) or a landscape too rough for any local gradient.
 - ``fd_rel_error``: central differences along ``fd_directions`` random unit directions
   (each parameter scaled by its finite-difference step, times ``fd_scale``) against the
   tape's directional derivative, ``|fd - tape| / max(|fd|, |tape|)``, the median over the
   directions: is the tape the derivative of the simulated loss at all.
-- ``trusted``: ``snr >= snr_min`` and ``zo_cosine >= zo_cosine_min`` (1 and 0.5).
+- ``trusted``: ``snr >= snr_min`` and ``zo_cosine >= zo_cosine_min`` (1 and 0.5) where the
+  worlds share a parameter (a training batch averages its starts' gradients); where every
+  parameter has a world axis, each world trains its own and a batch averages nothing, so
+  ``zo_cosine >= zo_cosine_min`` alone (``snr`` is reported, :data:`TRUST_PER_WORLD`).
 
 The growth rate is the least-squares slope of ``log(grad_norm_median)`` against the
 simulated time ``steps * dt`` of the horizons [1/s], and of the log of the state adjoint's
@@ -42,14 +45,13 @@ norm (median over the starts) against the time before the end of the longest hor
 (:class:`harness.adjoint.AdjointClipper`'s profile). For a linear system ``x' = a x`` the
 adjoint's rate is ``a`` exactly; for a chaotic one it estimates the largest Lyapunov exponent.
 
-The recommendation: ``window`` is the longest horizon of the trusted run of horizons that
-starts at the shortest one (a longer horizon that happens to be trusted after an untrusted
-one is not recommended); ``clip_max_norm`` is the 90th percentile of the norm of the
-gradient training would compute at that window (training's ``world_count`` starts per
-batch, drawn from the measured per-start gradients with replacement; a shared parameter
-averages its starts' gradients, a per-world one stacks them), so about one step in ten is
-clipped: the percentile rule of AutoClip (Seetharaman et al., 2020, "AutoClip: Adaptive
-Gradient Clipping for Source Separation Networks") fixed before training.
+The recommendation: ``window`` is the longest trusted horizon; ``clip_max_norm`` is the 90th
+percentile of the norm of the gradient training would compute at that window (training's
+``world_count`` starts per batch, drawn from the measured per-start gradients with
+replacement; a shared parameter averages its starts' gradients, a per-world one stacks them),
+so about one step in ten is clipped: the percentile rule of AutoClip (Seetharaman et al.,
+2020, "AutoClip: Adaptive Gradient Clipping for Source Separation Networks") fixed before
+training. docs/diagnose.md has the reasons for each choice and worked examples.
 """
 
 from __future__ import annotations
@@ -751,6 +753,8 @@ def draw_diagnosis(diagnosis: Diagnosis, path: str | Path) -> None:
         ax_adj.set_xlabel("simulated time t [s]")
         ax_adj.legend(fontsize=7, loc="best")
     for ax in (ax_norm, ax_snr, ax_zo):
+        ax.set_xticks(steps, [str(int(h)) for h in steps], minor=False)  # the horizons measured
+        ax.set_xticks([], minor=True)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     ax_snr.set_xlabel("horizon [steps]")
