@@ -288,11 +288,46 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     folder = None if resume is None else check_resume(str(resume), given.get("hydra.run.dir"), cfg, run)
     from harness import limits  # the run's memory against what is free, before anything is allocated
 
+    if config_name == "diagnose":  # its own envs: the samples' worlds at the longest horizon, built later
+        limits.check_memory(*diagnose_memory_config(cfg, choices, run))
+        return folder
     limits.check_memory(cfg, run)
     _PREBUILT.clear()
     # a failure while building writes nothing
     _PREBUILT[_env_key(cfg, run)] = build_env(cfg, run.settings.device, run.segment_steps, run.task)
     return folder
+
+
+def diagnose_memory_config(cfg: DictConfig, choices: Mapping[str, Any], run: Run) -> tuple[DictConfig, Run]:
+    """The config and run whose memory ``harness diagnose`` needs at its longest horizon: one
+    world per start (``diagnose.samples``, or what the task fixes), whole rollouts, in segments
+    where the longest horizon reaches ``diagnose.segment_from`` and its segments can share their
+    captured graphs (:mod:`harness.diagnose`), else on one tape."""
+    import copy
+
+    from omegaconf import open_dict
+
+    from harness.memory import task_acts_through_env
+
+    settings = run.diagnose
+    probe = copy.deepcopy(cfg)
+    evaluation_config(probe, task_class(probe))
+    env_class, env_config = check_env_fields(probe)
+    sized = run.task.training_config(dataclasses.replace(env_config, world_count=settings.samples))
+    longest = max(settings.horizons or [sized.horizon])
+    segmented = (
+        settings.segment_from is not None
+        and longest >= settings.segment_from
+        and run.settings.capture is not False
+        and getattr(env_class, "segment_graph", False)
+        and env_class.segment_blocker(sized) is None
+        and task_acts_through_env(run.task)
+    )
+    with open_dict(probe):
+        probe.env.world_count = sized.world_count
+        probe.env.horizon = longest
+        probe.memory.segment_steps = "auto" if segmented else None
+    return probe, validate(probe, choices)
 
 
 def check_resume(resume: str, run_dir: Any, cfg: DictConfig, run: Run) -> Path | None:

@@ -108,6 +108,9 @@ class DiagnoseSettings:
         shortest: The shortest horizon of the default set.
         samples: Starts per horizon, simulated as the worlds of one rollout (a task whose
             parameters have a world axis during training uses training's worlds instead).
+        segment_from: Horizons of at least this many steps run in captured segments of about
+            ``sqrt(steps)`` steps (bounded memory, :class:`harness.memory.SegmentGraphs`) where
+            the env and task allow it, else on one tape; None: always one tape.
         zo_pairs: Antithetic Gaussian perturbations of the zeroth-order estimate.
         zo_scale: Their standard deviation, in multiples of each parameter's finite-difference step.
         fd_directions: Random directions of the central-difference check.
@@ -122,7 +125,8 @@ class DiagnoseSettings:
     horizons: tuple[int, ...] | None = field(None, minimum=1)
     shortest: int = field(8, minimum=1)
     samples: int = field(16, minimum=2)
-    zo_pairs: int = field(16, minimum=1)
+    segment_from: int | None = field(1000, minimum=1)
+    zo_pairs: int = field(16, minimum=2)
     zo_scale: float = field(1.0, minimum=0.0, strict=True)
     fd_directions: int = field(4, minimum=0)
     fd_scale: float = field(1.0, minimum=0.0, strict=True)

@@ -71,9 +71,11 @@ from harness import tags
 from harness.adjoint import AdjointClipper
 from harness.env import CarriesState, DrawsStarts, Env
 from harness.losses import WeightedLoss
+from harness.memory import SegmentGraphs, segment_graph_blocker, segmented_forward_backward
 from harness.params import ParamSet
 from harness.tasks import Task, prepare_groups, rollout
 from harness.training.loop import Callback
+from harness.training.step import capture_blocker
 
 __all__ = [
     "DiagnoseLog",
@@ -95,6 +97,9 @@ TRUST_SHARED = "snr >= snr_min and zo_cosine >= zo_cosine_min"
 TRUST_PER_WORLD = "zo_cosine >= zo_cosine_min (every world trains its own parameters: a batch averages no starts)"
 """The trust rule where every parameter has a world axis (snr is reported, not used)."""
 
+TRUST_ONE_START = "zo_cosine >= zo_cosine_min (one start: no snr to compare)"
+"""The trust rule with a single start (a one-world recording): there is no spread to measure."""
+
 FD_WARNING = 0.1
 """A median relative error of the central differences above this is called out in the verdict."""
 
@@ -109,14 +114,16 @@ def _keep_one_world(enabled: wp.array(dtype=wp.int32), world: wp.array(dtype=wp.
         grad[t, w, d] = 0.0
 
 
-def geometric_horizons(horizon: int, *, shortest: int = 8, factor: float = 2.0) -> list[int]:
+def geometric_horizons(horizon: int, *, shortest: int = 8, factor: float = 2.0, divisors: bool = False) -> list[int]:
     """``horizon``, ``horizon / 2``, ``horizon / 4``, ... down to ``shortest`` (rounded,
-    ascending, no repeats): the default set of horizons."""
+    ascending, no repeats): the default set of horizons. With ``divisors``, each is the divisor
+    of ``horizon`` nearest to it on a log scale (a policy's window must divide its episode)."""
     found = {int(horizon)}
     h = float(horizon)
+    options = [d for d in range(1, int(horizon) + 1) if horizon % d == 0]
     while h / factor >= shortest:
         h /= factor
-        found.add(round(h))
+        found.add(min(options, key=lambda d: abs(math.log(d / h))) if divisors else round(h))
     return sorted(found)
 
 
@@ -162,6 +169,12 @@ class WorldLayout:
         self.one_world_size = len(self.fd_step)
         self.shared = any(axis is None for _, _, axis in self.parts)
         self.per_world = any(axis is not None for _, _, axis in self.parts)
+        self.shared_entries = np.concatenate(
+            [np.full(len(part), axis is None) for part, (_, _, axis) in zip(steps, self.parts, strict=True)]
+        ) if steps else np.zeros(0, dtype=bool)  # fmt: skip
+        self.uses_snr = self.shared and self.world_count >= 2
+        """Whether the trust rule uses the snr: a batch averages its starts' gradients (a shared
+        parameter), and there are two starts or more to compare."""
 
     def start(self, flat: np.ndarray, world: int, *, shared_from: np.ndarray | None = None) -> np.ndarray:
         """One world's part of a flat gradient: the world's slice of every per-world
@@ -194,6 +207,7 @@ class HorizonResult:
     batch_grad_norm_p90: float = math.nan
     loss: float = math.nan
     seconds: float = 0.0
+    segment_steps: int | None = None  # the rollout ran in captured segments of this many steps
 
     def as_json(self) -> dict[str, Any]:
         return {k: _json_float(v) for k, v in dataclasses.asdict(self).items()}
@@ -232,6 +246,10 @@ class Probe:
         values: np.ndarray | None = None,
     ):
         self.env, self.task, self.loss, self.key, self.capture = env, task, loss, key, capture
+        if env.segment_steps is not None:
+            why = segment_graph_blocker(env, task)
+            if why is not None:
+                raise ValueError(f"diagnose: the {env.horizon}-step rollout cannot run in captured segments: {why}")
         groups = prepare_groups(env, task, loss)
         self.all_params = list(groups.values())
         self.params = self.all_params[0]
@@ -247,7 +265,8 @@ class Probe:
         )
         self._forward_graph: Any = None
         self._backward_graph: Any = None
-        self._tapes: list[wp.Tape] = []
+        self._tapes: list[Any] = []
+        self._segments: SegmentGraphs | None = None
         self._tape: wp.Tape | None = None
         self._total: wp.array | None = None
         self._trajectory: dict[str, wp.array] = {}
@@ -268,7 +287,10 @@ class Probe:
         parameters plus ``delta`` (flat, every world's parameters)."""
         values = self.base if delta is None else self.base + delta
         self.params.data.assign(values.astype(np.float32))
-        if self._forward_graph is None:
+        if self.env.segment_steps is not None:
+            self.loss.zero()
+            self._launch_segments(through_loss=True)
+        elif self._forward_graph is None:
             self._forward()
             if self.capture:  # kernels are loaded and lazy buffers exist after one eager run
                 with wp.ScopedCapture(device=self.params.device) as captured:
@@ -344,11 +366,21 @@ class Probe:
         loss; the flat gradient of the loss (every world's parameters); the loss; the state
         adjoint's norm per step and start ``(horizon, starts)``."""
         self.params.data.assign(self.base.astype(np.float32))
-        self._record()  # eager: the captured backward replays on what it writes
-        value = float(self._total.numpy()[0])
         starts = self.env.world_count
         self._mask_on.fill_(0)
-        self._run_backward()
+        if self.env.segment_steps is not None:  # eager, with the adjoint's profile (it needs the host step)
+            self._zero_grads()
+            self.adjoint.reset()
+            with self._training():
+                kept, _, total = segmented_forward_backward(
+                    self.env, self.task, self.loss, self.params, adjoint=self.adjoint
+                )
+            self._tapes.append(kept)
+            value = float(total.numpy()[0])
+        else:
+            self._record()  # eager: the captured backward replays on what it writes
+            value = float(self._total.numpy()[0])
+            self._run_backward()
         full = self.params.grad.numpy().astype(np.float64)
         profile = self.adjoint.profile()
         rows = []
@@ -357,16 +389,39 @@ class Probe:
             if self.layout.shared:
                 self._world.fill_(world)
                 self._mask_on.fill_(1)
-                self._run_backward()
+                if self.env.segment_steps is not None:
+                    self._zero_grads()
+                    self.loss.zero()
+                    self._launch_segments(through_loss=False)
+                else:
+                    self._run_backward()
                 shared = self.params.grad.numpy().astype(np.float64)
             rows.append(self.layout.start(full, world, shared_from=shared))
         self._mask_on.fill_(0)
         # The loss averages the starts: one start's own loss is world_count times its share.
         return np.stack(rows) * starts, full, value, profile * starts
 
+    def _launch_segments(self, *, through_loss: bool) -> None:
+        """Replay the env's segment graphs (:class:`harness.memory.SegmentGraphs`, captured on
+        first use): every segment's forward and the loss (``through_loss``), or also every
+        segment's backward, with the other worlds' observables' adjoint zeroed after the loss's
+        backward as the taped path's hook does."""
+        if self._segments is None:
+            with self._training():
+                self._segments = SegmentGraphs(self.env, self.task, self.loss, self.params)
+        observed = [a for a in self._segments.trajectory.values() if a.grad is not None]
+        for base, graph in self._segments.steps:
+            if base is not None:
+                self.env.set_segment_base(base)
+            wp.capture_launch(graph)
+            if base is None:  # the loss and its backward
+                if through_loss:
+                    return
+                self._keep_one_world(observed)
+
     def release(self) -> None:
         """Drop the tape and the graphs (their memory) once this horizon is measured."""
-        self._tape = self._forward_graph = self._backward_graph = self._total = None
+        self._tape = self._forward_graph = self._backward_graph = self._total = self._segments = None
         self._tapes = []
         self._trajectory = {}
 
@@ -396,7 +451,7 @@ class Diagnosis:
         return {
             "env": self.env,
             "task": self.task,
-            "dt": self.dt,
+            "dt": _json_float(self.dt),
             "samples": self.samples,
             "training_worlds": self.training_worlds,
             "parameters_per_start": self.parameters,
@@ -484,6 +539,8 @@ def table_row(h: HorizonResult, dt: float) -> str:
 
 
 def _why_untrusted(h: HorizonResult, th: dict[str, Any], uses_snr: bool) -> str:
+    if not (math.isfinite(h.loss) and math.isfinite(h.grad_norm_median)):
+        return "the loss or its gradient is not finite (the rollout blew up)"
     reasons = []
     if uses_snr and not h.snr >= th["snr_min"]:
         reasons.append(f"the sampled gradients disagree (snr {h.snr:.3g} < {th['snr_min']:g})")
@@ -503,7 +560,15 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 def measure(
     probe: Probe, settings: Any, rng: np.random.Generator, *, training_worlds: int
 ) -> tuple[HorizonResult, np.ndarray]:
-    """Every number of one horizon (module docstring); also the adjoint profile ``(steps, starts)``."""
+    """Every number of one horizon (module docstring); also the adjoint profile ``(steps, starts)``.
+    A rollout that blew up gives nan and inf without numpy's warnings (they are the result)."""
+    with np.errstate(all="ignore"):
+        return _measure(probe, settings, rng, training_worlds=training_worlds)
+
+
+def _measure(
+    probe: Probe, settings: Any, rng: np.random.Generator, *, training_worlds: int
+) -> tuple[HorizonResult, np.ndarray]:
     t0 = time.perf_counter()
     grads, full, value, profile = probe.gradients()
     norms = np.linalg.norm(grads, axis=1)
@@ -529,13 +594,12 @@ def measure(
         v = settings.fd_scale * step * z / max(float(np.linalg.norm(z)), 1e-30)
         fd = 0.5 * (probe.loss_at(v) - probe.loss_at(-v))
         tape = float(np.dot(full, v))
-        scale = max(abs(fd), abs(tape))
-        errors.append(abs(fd - tape) / scale if scale > 0 else 0.0)
+        errors.append(_relative_error(fd, tape))
     fd_err = float(np.median(errors)) if errors else math.nan
 
-    batch = _batch_norms(grads, training_worlds, not layout.per_world, rng)
-    uses_snr = layout.shared  # a batch averages its starts' gradients only for a shared parameter
-    trusted = bool((snr >= settings.snr_min or not uses_snr) and zo_cos >= settings.zo_cosine_min)
+    batch = _batch_norms(grads, training_worlds, layout.shared_entries, rng)
+    finite = math.isfinite(value) and bool(np.all(np.isfinite(full)))
+    trusted = finite and bool((snr >= settings.snr_min or not layout.uses_snr) and zo_cos >= settings.zo_cosine_min)
     result = HorizonResult(
         steps=probe.env.horizon,
         grad_norm_median=float(np.median(norms)),
@@ -548,6 +612,7 @@ def measure(
         batch_grad_norm_p90=float(np.percentile(batch, 90)) if len(batch) else math.nan,
         loss=value,
         seconds=round(time.perf_counter() - t0, 3),
+        segment_steps=probe.env.segment_steps,
     )
     return result, profile
 
@@ -565,16 +630,24 @@ def _snr(samples: np.ndarray) -> float:
     return math.inf if mean_norm > 0 else math.nan
 
 
-def _batch_norms(grads: np.ndarray, worlds: int, shared: bool, rng: np.random.Generator) -> np.ndarray:
+def _relative_error(fd: float, tape: float) -> float:
+    """``|fd - tape| / max(|fd|, |tape|)``: 0 when both are 0, nan when either is not finite."""
+    if not (math.isfinite(fd) and math.isfinite(tape)):
+        return math.nan
+    scale = max(abs(fd), abs(tape))
+    return abs(fd - tape) / scale if scale > 0 else 0.0
+
+
+def _batch_norms(grads: np.ndarray, worlds: int, shared: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Norms of the gradient a training batch of ``worlds`` starts would give, for batches
-    drawn from the measured starts with replacement: the mean of the starts' gradients for
-    shared parameters (the loss averages the worlds), their stack divided by ``worlds`` for
-    per-world ones (each world's slice gets its own start's gradient over ``worlds``)."""
+    drawn from the measured starts with replacement: in the entries of shared parameters
+    (``shared``, a mask of one world's entries) the mean of the starts' gradients (the loss
+    averages the worlds); in those of per-world parameters their stack divided by ``worlds``
+    (each world's slice gets its own start's gradient over ``worlds``)."""
     picks = rng.integers(0, grads.shape[0], size=(BOOTSTRAP_BATCHES, worlds))
-    if shared:
-        return np.linalg.norm(grads[picks].mean(axis=1), axis=1)
-    squares = np.sum(grads**2, axis=1)
-    return np.sqrt(squares[picks].sum(axis=1)) / worlds
+    mean = grads[:, shared][picks].mean(axis=1)
+    own = np.sum(grads[:, ~shared] ** 2, axis=1)[picks].sum(axis=1) / worlds**2
+    return np.sqrt(np.sum(mean**2, axis=1) + own)
 
 
 def recommend(horizons: list[HorizonResult]) -> tuple[int | None, float | None]:
@@ -588,7 +661,7 @@ def recommend(horizons: list[HorizonResult]) -> tuple[int | None, float | None]:
 
 
 def diagnose(
-    make_env: Callable[[int], Env],
+    make_env: Callable[[int, bool], Env],
     task: Task,
     loss: WeightedLoss,
     settings: Any,
@@ -603,7 +676,9 @@ def diagnose(
     """Measure every horizon (ascending) and fit and recommend (module docstring).
 
     Args:
-        make_env: Builds the env at a horizon, with one world per start.
+        make_env: Builds the env at a horizon, with one world per start, in segments of about
+            ``sqrt(horizon)`` steps when asked to and the env can (``settings.segment_from``:
+            the longest horizons, captured segment by segment, :class:`harness.memory.SegmentGraphs`).
         task: What is trained.
         loss: The loss (bound to each env in turn).
         settings: :class:`harness.config.DiagnoseSettings`.
@@ -616,14 +691,15 @@ def diagnose(
     """
     t0 = time.perf_counter()
     rng = np.random.default_rng(settings.seed)
-    results, profile, dt, size, starts, shared = [], np.zeros((0, 0)), math.nan, 0, 0, True
+    results, profile, dt, size, starts, shared, uses_snr = [], np.zeros((0, 0)), math.nan, 0, 0, True, True
     for steps in sorted(set(horizons)):
-        env = make_env(steps)
+        env = _built(make_env, steps, task, loss, settings, capture)
         dt = float(getattr(env, "dt", math.nan))
         with _draw_key(task, env, settings.seed) as key:
-            probe = Probe(env, task, loss, key=key, capture=capture and getattr(env, "capturable", True), values=values)
+            probe = Probe(env, task, loss, key=key, capture=capture and _capturable(env, task, loss), values=values)
             result, profile = measure(probe, settings, rng, training_worlds=training_worlds)
-        size, starts, shared = probe.layout.one_world_size, env.world_count, probe.layout.shared
+        size, starts = probe.layout.one_world_size, env.world_count
+        shared, uses_snr = probe.layout.shared, probe.layout.uses_snr
         probe.release()
         results.append(result)
         if report is not None:
@@ -649,9 +725,29 @@ def diagnose(
         settings=dataclasses.asdict(settings),
         parameters=size,
         seconds=time.perf_counter() - t0,
-        window_key="task.window" if "window" in task.training_only else "env.horizon",
-        trust_rule=TRUST_SHARED if shared else TRUST_PER_WORLD,
+        window_key=task.window_key,
+        trust_rule=TRUST_SHARED if uses_snr else TRUST_PER_WORLD if not shared else TRUST_ONE_START,
     )
+
+
+def _capturable(env: Env, task: Task, loss: WeightedLoss) -> bool:
+    """Whether the env, the task and the loss keep the capture contract on this device
+    (:func:`harness.training.step.capture_blocker`)."""
+    return capture_blocker(env, env.device, {"task": task, "loss": loss}) is None
+
+
+def _built(
+    make_env: Callable[[int, bool], Env], steps: int, task: Task, loss: WeightedLoss, settings: Any, capture: bool
+) -> Env:
+    """The env of one horizon: in segments from ``settings.segment_from`` steps on when its
+    segments can share their captured graphs, else on one tape."""
+    segmented = capture and settings.segment_from is not None and steps >= settings.segment_from
+    env = make_env(steps, segmented)
+    if env.segment_steps is not None and (
+        segment_graph_blocker(env, task) is not None or not _capturable(env, task, loss)
+    ):
+        env = make_env(steps, False)
+    return env
 
 
 @contextlib.contextmanager
@@ -781,33 +877,65 @@ class DiagnoseLog(Callback):
     (the training rollout's) at the parameters training has reached, as TensorBoard scalars
     ``diagnose/*`` and one printed line: a user sees the gradient degrade as a policy improves.
 
-    The measurement runs on an env, task and loss of its own (``make``: built once, on first
-    use; the task trains the first parameter group's layout), so training's arrays, graph and
-    random draws are untouched: a run logs the same curves with and without it.
+    The measurement runs on an env, task and loss of its own (:meth:`prepare`, before training
+    starts), so training's arrays, graph and random draws are untouched: a run logs the same
+    curves with and without it. Before each measurement the probe's task takes the training
+    task's evaluation state (SHAC's observation statistics), so it measures the actor training has.
 
     Args:
         settings: :class:`harness.config.DiagnoseSettings` (``every``, and what is measured).
-        make: Builds ``(env, task, loss)`` for the measurement.
+        make: ``make(worlds)`` builds ``(make_env, task, loss)`` for the measurement with that
+            many worlds (``make_env(steps, segmented)``).
+        horizon: Steps of the measured rollout (training's).
+        worlds: Worlds of the measured rollout, then training's as a fallback when the task
+            refuses the first (SHAC's critic minibatches must divide steps x worlds).
         training_worlds: ``world_count`` of a training batch (``diagnose/batch_grad_norm_p90``).
     """
 
-    def __init__(self, settings: Any, make: Callable[[], tuple[Env, Task, WeightedLoss]], *, training_worlds: int):
-        self.settings, self.make, self.training_worlds = settings, make, training_worlds
+    def __init__(
+        self,
+        settings: Any,
+        make: Callable[[int], tuple[Callable[[int, bool], Env], Task, WeightedLoss]],
+        *,
+        horizon: int,
+        worlds: int,
+        training_worlds: int,
+    ):
+        self.settings, self.make, self.horizon = settings, make, horizon
+        self.worlds, self.training_worlds = worlds, training_worlds
         self.every = int(settings.every)
         self._probe: Probe | None = None
+
+    def prepare(self) -> None:
+        """Build the probe (its env, task and loss) at the task's initial parameters.
+
+        Raises:
+            ValueError: One line: the task refuses the probe's env (with either world count).
+        """
+        tried = dict.fromkeys([self.worlds, self.training_worlds])
+        for worlds in tried:
+            make_env, task, loss = self.make(worlds)
+            env = _built(make_env, self.horizon, task, loss, self.settings, True)
+            try:
+                with _draw_key(task, env, self.settings.seed) as key:
+                    self._probe = Probe(env, task, loss, key=key, capture=_capturable(env, task, loss))
+                return
+            except ValueError as exc:
+                tried[worlds] = str(exc).splitlines()[0]
+        raise ValueError(f"diagnose.every: the measurement's env is refused: {next(iter(tried.values()))}")
 
     def on_iteration(self, loop: Any, iteration: int) -> None:
         done = iteration + 1
         if self.every <= 0 or done % self.every:
             return
         values = loop.step.params.data.numpy()
-        if not np.all(np.isfinite(values)):
-            return
         if self._probe is None:
-            env, task, loss = self.make()
-            with _draw_key(task, env, self.settings.seed) as key:
-                self._probe = Probe(env, task, loss, key=key, capture=getattr(env, "capturable", True), values=values)
+            self.prepare()
         probe = self._probe
+        trained = loop.step.task.state(loop.step.env)
+        own = probe.task.state(probe.env)
+        for key in loop.step.task.evaluation_state:
+            wp.copy(own[key], trained[key])
         probe.set_values(values)
         rng = np.random.default_rng([self.settings.seed, done])
         result, _ = measure(probe, self.settings, rng, training_worlds=self.training_worlds)

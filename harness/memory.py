@@ -53,7 +53,7 @@ from harness.tasks import OpenLoop, Task, rollout, rollout_segment, segment_boun
 __all__ = ["SegmentGraphs", "segment_graph_blocker", "segmented_forward_backward"]
 
 
-def _task_acts_through_env(task: Task) -> bool:
+def task_acts_through_env(task: Task) -> bool:
     """Whether the task's per-step launches are the env's (``env.act(t, array)`` with an array
     of every step, or none): then they read the step from the env's device base. A task may say
     so itself with ``segment_graph = True`` (or refuse with False)."""
@@ -74,7 +74,7 @@ def segment_graph_blocker(env: Env, task: Task, adjoint: Any = None) -> str | No
         return "the rollout does not run in segments"
     if not getattr(env, "segment_graph", False):
         return f"env '{env.name}' does not read the step from the device (harness.env.Segmentable.segment_graph)"
-    if not _task_acts_through_env(task):
+    if not task_acts_through_env(task):
         return f"task '{task.name}' indexes its own per-step buffers by the host step"
     if adjoint is not None:
         return "the in-backward adjoint clip writes its profile row at the host step"

@@ -3,6 +3,7 @@ the cartpole (its files, its table, a refusal), and ``diagnose.every`` during tr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -26,7 +27,7 @@ def linear_loss() -> WeightedLoss:
     return WeightedLoss({"x": {"source": "x", "weight": WEIGHT, "target": [TARGET], "steps": "last"}})
 
 
-def make_linear(steps: int) -> LinearEnv:
+def make_linear(steps: int, segmented: bool = False) -> LinearEnv:
     return LinearEnv(horizon=steps, world_count=WORLDS, rate=RATE, dt=DT, device="cpu")
 
 
@@ -121,6 +122,25 @@ def test_per_world_parameters_give_every_starts_gradient_in_one_backward_and_tru
     assert found.adjoint_growth_rate_per_s == pytest.approx(RATE, rel=1e-3)
 
 
+def test_a_rollout_that_blows_up_is_reported_as_not_finite_never_as_agreement():
+    settings = DiagnoseSettings(samples=4, zo_pairs=2, fd_directions=2)
+    make = lambda steps, segmented: LinearEnv(horizon=steps, world_count=4, rate=60.0, dt=DT, device="cpu")  # noqa: E731
+    found = diagnose(make, TrainQuantities(), linear_loss(), settings, horizons=[2, 32], training_worlds=4)
+    short, long = found.horizons  # x ~ exp(60 * 0.05 * 32) = e^96 overflows float32 at 32 steps
+    assert math.isfinite(short.loss) and not math.isfinite(long.loss)
+    assert math.isnan(long.fd_rel_error) and not long.trusted
+    assert json.loads(json.dumps(found.as_json(), allow_nan=False))["horizons"][1]["fd_rel_error"] is None
+    assert "not finite" in found.verdict()
+
+
+def test_one_start_of_a_shared_parameter_is_judged_by_zo_cosine_alone():
+    settings = DiagnoseSettings(samples=2, zo_pairs=3, fd_directions=1)
+    make = lambda steps, segmented: LinearEnv(horizon=steps, world_count=1, rate=RATE, dt=DT, device="cpu")  # noqa: E731
+    found = diagnose(make, TrainQuantities(), linear_loss(), settings, horizons=[4, 8], training_worlds=1)
+    assert all(math.isnan(h.snr) and h.trusted for h in found.horizons)
+    assert "one start" in found.trust_rule and "snr" not in found.verdict()
+
+
 def test_diagnose_on_the_cartpole_writes_its_json_picture_and_table(tmp_path):
     out = tmp_path / "diag"
     done = run_harness(
@@ -171,3 +191,57 @@ def test_diagnose_every_logs_the_measures_and_leaves_training_unchanged(tmp_path
     for tag, values in runs["plain"].items():  # training's own curves are the same, bit for bit
         if not tag.startswith("perf/"):  # (speed is not)
             assert measured[tag] == values, tag
+
+
+def _same_measures(one: list, other: list) -> None:
+    for a, b in zip(one, other, strict=True):
+        for field in ("steps", "grad_norm_median", "grad_norm_p90", "snr", "zo_cosine", "fd_rel_error", "trusted",
+                      "zo_cosine_full", "batch_grad_norm_p90", "loss"):  # fmt: skip
+            x, y = getattr(a, field), getattr(b, field)
+            assert x == y or (math.isnan(x) and math.isnan(y)), (a.steps, field, x, y)
+
+
+def test_long_horizons_in_captured_segments_measure_what_one_tape_measures(tmp_path):
+    """The cartpole in segments of 5 (the segment graphs, replayed) against one tape, bit for bit:
+    open-loop actions (one backward) and sysid's shared pole masses (a masked backward per start)."""
+    from envs.cartpole import CartpoleConfig, CartpoleEnv
+    from harness.tasks import SystemId
+    from tests.helpers import UPRIGHT_TERMS
+
+    done = run_harness(
+        "record", "+env=cartpole", "env.world_count=3", "env.horizon=24", "env.pole_masses=[0.3,0.2]", "out=short.npz",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    sysid = SystemId(reference=str(tmp_path / "short.npz"), weights={"joint_q": 1.0, "joint_qd": 0.1}, shared=True)
+    sysid.check_env("cartpole", CartpoleConfig())
+    cases = {
+        "open_loop": (OpenLoop(), WeightedLoss(UPRIGHT_TERMS), CartpoleConfig(world_count=3)),
+        "sysid": (sysid, sysid.replace_loss(None), sysid.training_config(CartpoleConfig())),
+    }
+    for name, (task, loss, env_config) in cases.items():
+        found = {}
+        for segment_from in (None, 12):
+
+            def make(steps, segmented, env_config=env_config):
+                extra = {"segment_steps": 5} if segmented else {}
+                return CartpoleEnv(dataclasses.replace(env_config, horizon=steps), device="cpu", **extra)
+
+            settings = DiagnoseSettings(samples=3, zo_pairs=3, fd_directions=1, segment_from=segment_from)
+            found[segment_from] = diagnose(make, task, loss, settings, horizons=[8, 12, 24], training_worlds=3)
+        tape, segments = found[None], found[12]
+        assert [h.segment_steps for h in segments.horizons] == [None, 5, 5], name
+        assert [h.segment_steps for h in tape.horizons] == [None, None, None], name
+        _same_measures(tape.horizons, segments.horizons)
+        assert np.array_equal(tape.adjoint_profile, segments.adjoint_profile), name
+        assert all(h.grad_norm_median > 0 for h in tape.horizons), name
+    assert not tape.trust_rule.startswith("zo")  # the sysid case: a shared parameter, masked passes
+    # Training with diagnose.every sizes its measurement as the command does: the recording's 3
+    # worlds, not diagnose.samples (which the recording would refuse).
+    done = run_harness(
+        "train", "+env=cartpole", "task=sysid", "task.reference=short.npz", "iterations=2", "log_every=1",
+        "plot_every=null", "diagnose.every=2", "diagnose.samples=4", "diagnose.zo_pairs=2",
+        "diagnose.fd_directions=1", "hydra.run.dir=run", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "diagnose at iteration 2: 24 steps" in done.stdout

@@ -52,12 +52,28 @@ def _diagnose(cfg: DictConfig) -> None:
     # (task=sysid: the recording's worlds, and at most its steps).
     training = task.training_config(env_config)
     sized = task.training_config(dataclasses.replace(env_config, world_count=settings.samples))
-    worlds = sized.world_count
     horizons = list(settings.horizons or [])
     if not horizons:
         from harness.diagnose import geometric_horizons
 
-        horizons = geometric_horizons(training.horizon, shortest=min(settings.shortest, training.horizon))
+        horizons = geometric_horizons(
+            training.horizon,
+            shortest=min(settings.shortest, training.horizon),
+            divisors=task.window_key == "task.window",  # a window must divide the episode
+        )
+    try:
+        for steps in horizons:  # a task may refuse the samples' world count (SHAC's critic minibatches)
+            task.check(dataclasses.replace(sized, horizon=steps))
+    except ValueError as exc:
+        why = config.first_line(exc)
+        try:
+            for steps in horizons:
+                task.check(dataclasses.replace(training, horizon=steps))
+        except ValueError:
+            fail(f"diagnose: {why}")
+        print(f"diagnose: {why}; measuring over training's {training.world_count} worlds instead", flush=True)
+        sized = training
+    worlds = sized.world_count
     if training.horizon != env_config.horizon and max(horizons) > training.horizon:
         fail(
             f"diagnose.horizons: {max(horizons)} is longer than the {training.horizon} steps task {task.name} "
@@ -67,10 +83,13 @@ def _diagnose(cfg: DictConfig) -> None:
         from harness.diagnose import diagnose, draw_diagnosis, table_header, table_row
     device = run.settings.device
 
-    def make_env(steps: int) -> Any:
+    def make_env(steps: int, segmented: bool) -> Any:
         env_cfg = dataclasses.replace(sized, horizon=steps)
+        segments = {}
+        if segmented and env_class.segment_blocker(env_cfg) is None:
+            segments = {"segment_steps": config.auto_segment_steps(steps)}
         try:
-            return env_class(env_cfg, device=device)
+            return env_class(env_cfg, device=device, **segments)
         except Exception as exc:  # the env's own code: one line
             fail(
                 f"env: building {env_class.__name__} at {steps} steps x {worlds} worlds failed: "

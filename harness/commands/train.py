@@ -50,7 +50,7 @@ def train_command(cfg: DictConfig) -> float:
         _write_hydra_record(cfg, hydra_cfg, run_dir)
     sweep.record_outcome(hydra_cfg, run_dir, "running", None)  # left as it is if this process is killed
     try:
-        final = _train(cfg, hydra_cfg, run_dir, _prepare(cfg, hydra_cfg, run_dir))
+        final = _train(cfg, hydra_cfg, run_dir, *_prepare(cfg, hydra_cfg, run_dir))
     except JobEnded as exc:
         print(f"{label} {exc.line}", file=sys.stderr, flush=True)
         sweep.record_outcome(hydra_cfg, run_dir, exc.status, exc.line)
@@ -113,7 +113,7 @@ def _single_run(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
     try:
         with system_errors_in_one_line("train"):
             try:
-                trainer = _prepare(cfg, hydra_cfg, run_dir)
+                trainer, extra = _prepare(cfg, hydra_cfg, run_dir)
             except (KeyboardInterrupt, Terminated) as exc:
                 if fresh:
                     shutil.rmtree(run_dir, ignore_errors=True)
@@ -125,7 +125,7 @@ def _single_run(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
                 if fresh:  # refused before anything of the run was written
                     shutil.rmtree(run_dir, ignore_errors=True)
                 raise
-            return _train(cfg, hydra_cfg, run_dir, trainer)
+            return _train(cfg, hydra_cfg, run_dir, trainer, extra)
     except JobEnded as exc:
         print(exc.line, file=sys.stderr, flush=True)
         sys.exit(exc.code)
@@ -141,7 +141,7 @@ def _failed(run_dir: Path, resumed: bool, line: str) -> None:
         write_json(run_dir / "summary.json", {"status": "failed", "error": line})
 
 
-def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> float:
+def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any, callbacks: list[Any]) -> float:
     import warp as wp
 
     from harness import checkpoint
@@ -160,7 +160,7 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any) -> floa
             swept=config.swept_keys(hydra_cfg),
             meta={"config": config.resolved_yaml(cfg)},
             label=label or None,
-            callbacks=_diagnose_callbacks(cfg, hydra_cfg, trainer),
+            callbacks=callbacks,
         )
     except TrainingInterrupted as exc:
         again = [o for o in hydra_cfg.overrides.task if not o.startswith("resume=")]
@@ -259,8 +259,13 @@ def loss_change(initial: float, final: float) -> str:
 def _diagnose_callbacks(cfg: DictConfig, hydra_cfg: Any, trainer: Any) -> list[Any]:
     """``diagnose.every=N``: the callback measuring the gradient every N iterations
     (:class:`harness.diagnose.DiagnoseLog`), on an env, task and loss of its own built from the
-    run's config (whole rollouts of training's length: a windowed policy's window), with
-    ``diagnose.samples`` starts, or training's worlds when every world trains its own parameters."""
+    run's config, before training starts (whole rollouts of training's length: a windowed
+    policy's window), with ``diagnose.samples`` starts, or training's worlds when every world
+    trains its own parameters (or the task refuses the samples' count).
+
+    Raises:
+        JobEnded: One line when the task refuses the measurement's env.
+    """
     settings = config.diagnose_settings(cfg)
     if not settings.every:
         return []
@@ -275,18 +280,34 @@ def _diagnose_callbacks(cfg: DictConfig, hydra_cfg: Any, trainer: Any) -> list[A
     per_world = any(spec.world_axis is not None for spec in trainer.step.params.specs)
     worlds = trainer.env.world_count if per_world else settings.samples
 
-    def make() -> tuple[Any, Any, Any]:
+    def make(count: int) -> tuple[Any, Any, Any]:
         run = build.validate(probe_cfg, hydra_cfg.runtime.choices)
         env_class, env_config = config.check_env_fields(probe_cfg)
-        training = run.task.training_config(env_config)
-        env_cfg = dataclasses.replace(training, horizon=trainer.env.horizon, world_count=worlds)
-        return env_class(env_cfg, device=run.settings.device), run.task, run.loss
+        # As the diagnose command sizes it: a task may fix the size (sysid: the recording's worlds).
+        sized = run.task.training_config(dataclasses.replace(env_config, world_count=count))
 
-    return [DiagnoseLog(settings, make, training_worlds=trainer.env.world_count)]
+        def make_env(steps: int, segmented: bool) -> Any:
+            env_cfg = dataclasses.replace(sized, horizon=steps)
+            segments = {}
+            if segmented and env_class.segment_blocker(env_cfg) is None:
+                segments = {"segment_steps": config.auto_segment_steps(steps)}
+            return env_class(env_cfg, device=run.settings.device, **segments)
+
+        return make_env, run.task, run.loss
+
+    found = DiagnoseLog(
+        settings, make, horizon=trainer.env.horizon, worlds=worlds, training_worlds=trainer.env.world_count
+    )
+    try:
+        found.prepare()
+    except (ValueError, config.ConfigError) as exc:
+        raise JobEnded("failed", f"error: {config.first_line(exc)}", 2) from None
+    return [found]
 
 
-def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:
-    """The run's trainer, after this process has claimed the run folder.
+def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> tuple[Any, list[Any]]:
+    """The run's trainer and its further callbacks (``diagnose.every``), after this process
+    has claimed the run folder.
 
     Raises:
         JobEnded: A refusal (the folder is in use or holds a run; the config, the checkpoint
@@ -327,13 +348,14 @@ def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> Any:
         ValueError,
     ) as exc:  # ValueError: a task's check against the built env (a recording's initial state)
         raise JobEnded("failed", f"error: {str(exc).splitlines()[0]}", 2) from None
+    callbacks = _diagnose_callbacks(cfg, hydra_cfg, trainer)
     if replace:  # overwrite=true: the earlier run goes only now that this one passed every check
         clear_run_folder(run_dir)
     if not (run_dir / "config.yaml").exists():
         from harness.runs import write_bytes
 
         write_bytes(run_dir / "config.yaml", config.resolved_yaml(cfg).encode())
-    return trainer
+    return trainer, callbacks
 
 
 def main(rest: list[str]) -> None:

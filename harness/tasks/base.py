@@ -37,6 +37,9 @@ class Task(abc.ABC):
     training_only: ClassVar[tuple[str, ...]] = ()
     """The task's config keys that only shape training (a policy's ``window``): unset when a
     run is evaluated (:func:`harness.build.evaluation_config`)."""
+    window_key: ClassVar[str] = "env.horizon"
+    """What sets the length of a training rollout, as ``harness diagnose`` names it in its
+    recommendation: ``env.horizon``, a policy's ``task.window``, a recording's length."""
     evaluation_state: ClassVar[tuple[str, ...]] = ()
     """The keys of the task's state (:meth:`state`) that an evaluation of a checkpoint uses (SHAC's
     observation statistics); the rest (per-world bookkeeping, carried states) is training's only

@@ -82,6 +82,7 @@ class Policy(Task):
 
     name = "policy"
     training_only = ("window",)
+    window_key = "task.window"
     """Settings that only shape training (unset when a run is evaluated over whole episodes)."""
 
     @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -134,6 +134,7 @@ class SHAC(Task):
     name = "shac"
     roles = (PolicyEnv, DrawsStarts, CarriesState, Restarts)
     training_only = ("window",)
+    window_key = "task.window"
     evaluation_state = ("obs_mean", "obs_var", "obs_count")
 
     def __init__(
@@ -270,8 +271,8 @@ class SHAC(Task):
 
     def buffers(self, env: Env) -> _Window:
         found = self._buffers.get(id(env))
-        if found is not None:
-            return found
+        if found is not None and found.obs.shape[:2] == (env.horizon, env.world_count):
+            return found  # (an env of another size may reuse a collected env's id)
         steps, worlds, device = env.horizon, env.world_count, env.device
         obs, act = env.config.observation_dim(), env.config.action_dim()
         rows = steps * worlds

@@ -53,6 +53,8 @@ class SystemId(TrainQuantities):
             per world.
     """
 
+    window_key = "the recording's steps (harness record env.horizon=...)"
+
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class SysidArgs:
         """The fields besides the quantities' (``configs/task/sysid.yaml``), checked by :mod:`harness.schema`."""
