@@ -289,7 +289,15 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     from harness import limits  # the run's memory against what is free, before anything is allocated
 
     if config_name == "diagnose":  # its own envs: the samples' worlds at the longest horizon, built later
-        limits.check_memory(*diagnose_memory_config(cfg, choices, run))
+        probe_cfg, probe_run = diagnose_memory_config(cfg, choices, run)
+        where = "in segments" if probe_run.segment_steps is not None else "on one tape"
+        size = f"diagnose: {probe_cfg.env.world_count} starts x {probe_cfg.env.horizon} steps {where}"
+
+        def refused(message: str) -> ConfigError:
+            needs = message.partition(": ")[2].rsplit("; accepted:", 1)[0]
+            return ConfigError(f"{size}: {needs}; accepted: a smaller diagnose.samples or shorter diagnose.horizons")
+
+        limits.check_memory(probe_cfg, probe_run, error=refused)
         return folder
     limits.check_memory(cfg, run)
     _PREBUILT.clear()

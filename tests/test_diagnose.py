@@ -170,6 +170,18 @@ def test_a_bad_diagnose_setting_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "d" / "diagnose.json").exists()
 
 
+def test_a_diagnosis_too_big_for_memory_is_refused_before_anything_is_built(tmp_path):
+    # The policy cannot share segment graphs: 16 starts x 400,000 steps on one tape (about 200 GiB).
+    done = run_harness(
+        "diagnose", "+env=cartpole", "task=policy", "env.horizon=400000", "diagnose.horizons=[400000]",
+        f"hydra.run.dir={tmp_path / 'd'}", cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "16 starts x 400000 steps on one tape" in lines[0] and "diagnose.samples" in lines[0]
+    assert not (tmp_path / "d").exists()
+
+
 def _scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
