@@ -851,6 +851,8 @@ def draw_diagnosis(diagnosis: Diagnosis, path: str | Path) -> None:
     for ax in (ax_norm, ax_snr, ax_zo):
         ax.set_xticks(steps, [str(int(h)) for h in steps], minor=False)  # the horizons measured
         ax.set_xticks([], minor=True)
+        if len(steps) > 8:  # many horizons: their labels would run into each other
+            ax.tick_params(axis="x", labelsize=8, labelrotation=35)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     ax_snr.set_xlabel("horizon [steps]")
