@@ -120,3 +120,21 @@ def start_harness(*args: str, cwd: Path, **popen) -> subprocess.Popen:
 def compose_run(*overrides: str, config_name: str = "train") -> tuple[DictConfig, dict]:
     """Compose a config as the CLI would; returns (config without hydra, group choices)."""
     return config.compose_config(config_name, list(overrides))
+
+
+def rollout_results(env, params, trajectory, total) -> dict:
+    """Host copies of what a forward + backward produced: the loss, the parameter gradient,
+    every observable and every model array's gradient (what segment tests compare bit for bit)."""
+    import numpy as np
+    import warp as wp
+
+    found = {"loss": total.numpy(), "parameter gradient": params.grad.numpy()}
+    found.update({f"observable {k}": v.numpy() for k, v in trajectory.items()})
+    found.update(
+        {
+            f"model.{k}.grad": v.grad.numpy()
+            for k, v in vars(env.model).items()
+            if isinstance(v, wp.array) and v.grad is not None
+        }
+    )
+    return {k: np.array(v, copy=True) for k, v in found.items()}

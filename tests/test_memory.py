@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-import warp as wp
 
 from envs.cartpole import CartpoleEnv
 from harness import build, config
@@ -18,7 +17,7 @@ from harness.losses import WeightedLoss
 from harness.memory import segmented_forward_backward
 from harness.tasks import OpenLoop, prepare, segment_bounds
 from harness.training.step import taped_rollout, zero_grads
-from tests.helpers import UPRIGHT_TERMS, make_trainer, run_harness
+from tests.helpers import UPRIGHT_TERMS, make_trainer, rollout_results, run_harness
 
 HORIZON = 300
 
@@ -42,19 +41,11 @@ def gradients(segment_steps: int | None, *, max_norm: float | None = None, horiz
     else:
         zero_grads(env, loss, params)
         _, trajectory, total = segmented_forward_backward(env, task, loss, params, adjoint=clipper)
-    found = {"loss": total.numpy(), "parameter gradient": params.grad.numpy()}
-    found.update({f"observable {k}": v.numpy() for k, v in trajectory.items()})
-    found.update(
-        {
-            f"model.{k}.grad": v.grad.numpy()
-            for k, v in vars(env.model).items()
-            if isinstance(v, wp.array) and v.grad is not None
-        }
-    )
+    found = rollout_results(env, params, trajectory, total)
     if clipper is not None:
-        found["adjoint profile"] = clipper.sumsq.numpy()
-        found["adjoint rescaled"] = clipper.rescaled.numpy()
-    return {k: np.array(v, copy=True) for k, v in found.items()}
+        found["adjoint profile"] = clipper.sumsq.numpy().copy()
+        found["adjoint rescaled"] = clipper.rescaled.numpy().copy()
+    return found
 
 
 def assert_same(expected: dict, got: dict) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import warp as wp
 
 from envs.cartpole import CartpoleEnv
 from harness import build, config
@@ -15,7 +14,7 @@ from harness.losses import WeightedLoss
 from harness.memory import SegmentGraphs, segment_graph_blocker, segmented_forward_backward
 from harness.tasks import OpenLoop, Policy, TrainQuantities, prepare
 from harness.training.step import zero_grads
-from tests.helpers import UPRIGHT_TERMS, make_trainer
+from tests.helpers import UPRIGHT_TERMS, make_trainer, rollout_results
 
 
 def gradients(task, *, horizon: int, segment_steps: int, graphs: bool) -> dict:
@@ -39,16 +38,7 @@ def gradients(task, *, horizon: int, segment_steps: int, graphs: bool) -> dict:
             zero_grads(env, loss, params)
             segments.launch()
         trajectory, total = segments.trajectory, segments.total
-    found = {"loss": total.numpy(), "parameter gradient": params.grad.numpy()}
-    found.update({f"observable {k}": v.numpy() for k, v in trajectory.items()})
-    found.update(
-        {
-            f"model.{k}.grad": v.grad.numpy()
-            for k, v in vars(env.model).items()
-            if isinstance(v, wp.array) and v.grad is not None
-        }
-    )
-    return {"graphs": count, **{k: np.array(v, copy=True) for k, v in found.items()}}
+    return {"graphs": count, **rollout_results(env, params, trajectory, total)}
 
 
 def assert_same(expected: dict, got: dict) -> None:
