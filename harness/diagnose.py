@@ -75,7 +75,7 @@ from harness.memory import SegmentGraphs, segment_graph_blocker, segmented_forwa
 from harness.params import ParamSet
 from harness.tasks import Task, prepare_groups, rollout
 from harness.training.loop import Callback
-from harness.training.step import capture_blocker
+from harness.training.step import capture_blocker, zero_grads
 
 __all__ = [
     "DiagnoseLog",
@@ -149,7 +149,7 @@ class WorldLayout:
         self.world_count = int(world_count)
         self.size = params.size
         self.parts: list[tuple[int, tuple[int, ...], int | None]] = []  # (offset, full shape, world axis)
-        steps = []
+        lengths = []  # of every parameter's one-world part
         for spec, seg in zip(params.specs, params.segments, strict=True):
             count = int(np.prod(spec.shape, dtype=np.int64))
             width = seg.length // max(count, 1)
@@ -163,15 +163,11 @@ class WorldLayout:
             if axis is not None and axis > 0 and spec.shape[axis] != self.world_count:
                 raise ValueError(f"parameter '{spec.name}': world axis {axis} must have one entry per world")
             self.parts.append((seg.offset, shape, axis))
-            one = seg.length // self.world_count if axis is not None else seg.length
-            steps.append(np.full(one, spec.fd_step, dtype=np.float64))
-        self.fd_step = np.concatenate(steps) if steps else np.zeros(0)
-        self.one_world_size = len(self.fd_step)
+            lengths.append(seg.length // self.world_count if axis is not None else seg.length)
+        self.one_world_size = sum(lengths)
         self.shared = any(axis is None for _, _, axis in self.parts)
         self.per_world = any(axis is not None for _, _, axis in self.parts)
-        self.shared_entries = np.concatenate(
-            [np.full(len(part), axis is None) for part, (_, _, axis) in zip(steps, self.parts, strict=True)]
-        ) if steps else np.zeros(0, dtype=bool)  # fmt: skip
+        self.shared_entries = np.repeat([axis is None for _, _, axis in self.parts], lengths).astype(bool)
         self.uses_snr = self.shared and self.world_count >= 2
         """Whether the trust rule uses the snr: a batch averages its starts' gradients (a shared
         parameter), and there are two starts or more to compare."""
@@ -269,7 +265,6 @@ class Probe:
         self._segments: SegmentGraphs | None = None
         self._tape: wp.Tape | None = None
         self._total: wp.array | None = None
-        self._trajectory: dict[str, wp.array] = {}
 
     def _training(self) -> contextlib.AbstractContextManager:
         return self.task.training(self.key) if self.key is not None else contextlib.nullcontext()
@@ -302,25 +297,10 @@ class Probe:
         self.params.data.assign(self.base.astype(np.float32))
         return value
 
-    @property
-    def fd_step(self) -> np.ndarray:
-        """Every flat entry's finite-difference step."""
-        return np.concatenate(
-            [
-                np.full(seg.length, spec.fd_step)
-                for spec, seg in zip(self.params.specs, self.params.segments, strict=True)
-            ]
-        )
-
     # -- gradients -------------------------------------------------------------------------
 
     def _zero_grads(self) -> None:
-        for params in self.all_params:
-            params.zero_grad()
-        self.env.zero_grad()
-        for array in (self.loss.term_values, self.loss.total):
-            array.grad.zero_()
-        self.task.zero_grad(self.env)
+        zero_grads(self.env, self.loss, self.all_params, self.task)
 
     def _record(self) -> None:
         self._zero_grads()
@@ -330,9 +310,8 @@ class Probe:
             trajectory = rollout(self.env, self.task, self.params, after_step=hook)
             observed = [array for array in trajectory.values() if array.grad is not None]
             tape.record_func(lambda: self._keep_one_world(observed), observed)
-            self.loss.zero()
             self._total = self.loss(trajectory)
-        self._tape, self._trajectory = tape, trajectory
+        self._tape = tape
 
     def _keep_one_world(self, observed: list[wp.array]) -> None:
         for array in observed:
@@ -391,7 +370,6 @@ class Probe:
                 self._mask_on.fill_(1)
                 if self.env.segment_steps is not None:
                     self._zero_grads()
-                    self.loss.zero()
                     self._launch_segments(through_loss=False)
                 else:
                     self._run_backward()
@@ -423,7 +401,6 @@ class Probe:
         """Drop the tape and the graphs (their memory) once this horizon is measured."""
         self._tape = self._forward_graph = self._backward_graph = self._total = self._segments = None
         self._tapes = []
-        self._trajectory = {}
 
 
 @dataclasses.dataclass
@@ -573,7 +550,7 @@ def _measure(
     grads, full, value, profile = probe.gradients()
     norms = np.linalg.norm(grads, axis=1)
     layout = probe.layout
-    step = probe.fd_step
+    step = probe.params.fd_steps()
     sigma = settings.zo_scale * step
     snr = _snr(grads)
 

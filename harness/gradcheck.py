@@ -96,12 +96,7 @@ def check_gradients(
         loss.zero()
         return float(loss(rollout(env, task, params)).numpy()[0])
 
-    step = np.concatenate(  # per-entry step, parameter by parameter, in flat-buffer order
-        [
-            np.full(seg.length, spec.fd_step if eps is None else eps)
-            for spec, seg in zip(params.specs, params.segments, strict=True)
-        ]
-    )
+    step = params.fd_steps() if eps is None else np.full(params.size, eps)  # per entry, in flat-buffer order
     fd = np.empty(len(indices))
     for n, i in enumerate(indices):
         plus, minus = base.copy(), base.copy()

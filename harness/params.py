@@ -161,6 +161,15 @@ class ParamSet:
     def segment_count(self) -> int:
         return len(self.segments)
 
+    def fd_steps(self) -> np.ndarray:
+        """Every flat entry's finite-difference step (its parameter's ``fd_step``), float64 ``(size,)``."""
+        return np.concatenate(
+            [
+                np.full(seg.length, spec.fd_step, dtype=np.float64)
+                for spec, seg in zip(self.specs, self.segments, strict=True)
+            ]
+        )
+
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.segments]
