@@ -23,6 +23,7 @@ from harness import init_warp, targets
 from harness.config import (
     ConfigError,
     TrainSettings,
+    auto_segment_steps,
     check_capture_setting,
     check_env_fields,
     check_saved_config,
@@ -306,6 +307,27 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     return folder
 
 
+def diagnose_sized(task: Any, env_config: Any, worlds: int) -> Any:
+    """The env config ``harness diagnose`` measures with ``worlds`` starts (one per world),
+    as the task sizes it (``task=sysid``: the recording's worlds and steps)."""
+    return task.training_config(dataclasses.replace(env_config, world_count=worlds))
+
+
+def diagnose_envs(env_class: type, sized: Any, device: str | None) -> Any:
+    """``make_env(steps, segmented)``: the env of one horizon of a diagnosis, ``sized``
+    (:func:`diagnose_sized`) at ``steps``, in segments of about ``sqrt(steps)`` when
+    ``segmented`` and the env can run in segments (:func:`harness.diagnose.diagnose`)."""
+
+    def make_env(steps: int, segmented: bool) -> Any:
+        env_cfg = dataclasses.replace(sized, horizon=steps)
+        segments = {}
+        if segmented and env_class.segment_blocker(env_cfg) is None:
+            segments = {"segment_steps": auto_segment_steps(steps)}
+        return env_class(env_cfg, device=device, **segments)
+
+    return make_env
+
+
 def diagnose_memory_config(cfg: DictConfig, choices: Mapping[str, Any], run: Run) -> tuple[DictConfig, Run]:
     """The config and run whose memory ``harness diagnose`` needs at its longest horizon: one
     world per start (``diagnose.samples``, or what the task fixes), whole rollouts, in segments
@@ -321,7 +343,7 @@ def diagnose_memory_config(cfg: DictConfig, choices: Mapping[str, Any], run: Run
     probe = copy.deepcopy(cfg)
     evaluation_config(probe, task_class(probe))
     env_class, env_config = check_env_fields(probe)
-    sized = run.task.training_config(dataclasses.replace(env_config, world_count=settings.samples))
+    sized = diagnose_sized(run.task, env_config, settings.samples)
     longest = max(settings.horizons or [sized.horizon])
     segmented = (
         settings.segment_from is not None

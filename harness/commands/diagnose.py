@@ -51,7 +51,7 @@ def _diagnose(cfg: DictConfig) -> None:
     # Every horizon's env: diagnose.samples worlds, unless the task fixes the env's size
     # (task=sysid: the recording's worlds, and at most its steps).
     training = task.training_config(env_config)
-    sized = task.training_config(dataclasses.replace(env_config, world_count=settings.samples))
+    sized = build.diagnose_sized(task, env_config, settings.samples)
     horizons = list(settings.horizons or [])
     if not horizons:
         from harness.diagnose import geometric_horizons
@@ -81,15 +81,12 @@ def _diagnose(cfg: DictConfig) -> None:
         )
     with collector_paused():  # Newton's import: docs/startup.md
         from harness.diagnose import diagnose, draw_diagnosis, table_header, table_row
-    device = run.settings.device
+
+    new_env = build.diagnose_envs(env_class, sized, run.settings.device)
 
     def make_env(steps: int, segmented: bool) -> Any:
-        env_cfg = dataclasses.replace(sized, horizon=steps)
-        segments = {}
-        if segmented and env_class.segment_blocker(env_cfg) is None:
-            segments = {"segment_steps": config.auto_segment_steps(steps)}
         try:
-            return env_class(env_cfg, device=device, **segments)
+            return new_env(steps, segmented)
         except Exception as exc:  # the env's own code: one line
             fail(
                 f"env: building {env_class.__name__} at {steps} steps x {worlds} worlds failed: "

@@ -270,7 +270,6 @@ def _diagnose_callbacks(cfg: DictConfig, hydra_cfg: Any, trainer: Any) -> list[A
     if not settings.every:
         return []
     import copy
-    import dataclasses
 
     from harness import build
     from harness.diagnose import DiagnoseLog
@@ -284,16 +283,8 @@ def _diagnose_callbacks(cfg: DictConfig, hydra_cfg: Any, trainer: Any) -> list[A
         run = build.validate(probe_cfg, hydra_cfg.runtime.choices)
         env_class, env_config = config.check_env_fields(probe_cfg)
         # As the diagnose command sizes it: a task may fix the size (sysid: the recording's worlds).
-        sized = run.task.training_config(dataclasses.replace(env_config, world_count=count))
-
-        def make_env(steps: int, segmented: bool) -> Any:
-            env_cfg = dataclasses.replace(sized, horizon=steps)
-            segments = {}
-            if segmented and env_class.segment_blocker(env_cfg) is None:
-                segments = {"segment_steps": config.auto_segment_steps(steps)}
-            return env_class(env_cfg, device=run.settings.device, **segments)
-
-        return make_env, run.task, run.loss
+        sized = build.diagnose_sized(run.task, env_config, count)
+        return build.diagnose_envs(env_class, sized, run.settings.device), run.task, run.loss
 
     found = DiagnoseLog(
         settings, make, horizon=trainer.env.horizon, worlds=worlds, training_worlds=trainer.env.world_count
