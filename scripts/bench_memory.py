@@ -39,26 +39,17 @@ def one(horizon: int, worlds: int, segments: str, iterations: int, capture: bool
     """Runs in the child: build, train ``iterations`` iterations, measure."""
     sys.path.insert(0, str(ROOT))
     import harness  # noqa: F401  (quiet Warp start-up)
-    from envs.cartpole import CartpoleEnv
-    from harness.clip import clip_by_global_norm
     from harness.config import resolve_segment_steps
-    from harness.losses import WeightedLoss
-    from harness.optim import adam
-    from harness.training import Trainer, TrainSettings
-    from tests.helpers import UPRIGHT_TERMS
+    from tests.helpers import make_trainer
 
     steps = resolve_segment_steps(
         None if segments == "full" else segments if segments == "auto" else int(segments), horizon
     )
     kw = {} if steps is None else {"segment_steps": steps}
-    env = CartpoleEnv(horizon=horizon, world_count=worlds, device="cpu", **kw)
-    trainer = Trainer(
-        env=env,
-        loss=WeightedLoss(UPRIGHT_TERMS),
-        optimizer=adam(0.01),
-        clip=clip_by_global_norm(1.0),
-        settings=TrainSettings(iterations=iterations, log_every=iterations, device="cpu", capture=capture),
-    )
+    trainer = make_trainer(
+        horizon=horizon, world_count=worlds, iterations=iterations, log_every=iterations, lr=0.01, max_norm=1.0,
+        capture=capture, **kw,
+    )  # fmt: skip
     step = trainer.step
     step.set_iteration(0)
     times = []

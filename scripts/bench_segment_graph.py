@@ -43,26 +43,17 @@ def one(horizon: int, worlds: int, mode: str, iterations: int) -> dict:
     """Runs in the child: build, train ``iterations`` iterations, measure."""
     sys.path.insert(0, str(ROOT))
     import harness  # noqa: F401  (quiet Warp start-up)
-    from envs.cartpole import CartpoleEnv
-    from harness.clip import clip_by_global_norm
     from harness.config import resolve_segment_steps
-    from harness.losses import WeightedLoss
-    from harness.optim import adam
-    from harness.training import Trainer, TrainSettings
-    from tests.helpers import UPRIGHT_TERMS
+    from tests.helpers import make_trainer
 
     steps = resolve_segment_steps("auto", horizon)
-    env = CartpoleEnv(horizon=horizon, world_count=worlds, device="cpu", segment_steps=steps)
-    if mode == "one-graph":
-        env.segment_graph = False  # the fallback: one graph of all segments
     capture = mode != "eager"
-    trainer = Trainer(
-        env=env,
-        loss=WeightedLoss(UPRIGHT_TERMS),
-        optimizer=adam(0.01),
-        clip=clip_by_global_norm(1.0),
-        settings=TrainSettings(iterations=iterations, log_every=iterations, device="cpu", capture=capture),
-    )
+    trainer = make_trainer(
+        horizon=horizon, world_count=worlds, iterations=iterations, log_every=iterations, lr=0.01, max_norm=1.0,
+        capture=capture, segment_steps=steps,
+    )  # fmt: skip
+    if mode == "one-graph":
+        trainer.env.segment_graph = False  # the fallback: one graph of all segments (decided at capture)
     step = trainer.step
     step.set_iteration(0)
     times, capture_s = [], 0.0
