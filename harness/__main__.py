@@ -8,7 +8,16 @@ class _Terminated(BaseException):
     """SIGTERM while the command line's modules are imported."""
 
 
+_received: list[int] = []
+
+
+def _interrupt(signum, frame):
+    _received.append(signum)
+    raise KeyboardInterrupt
+
+
 def _terminate(signum, frame):
+    _received.append(signum)
     raise _Terminated
 
 
@@ -26,17 +35,18 @@ def _keep_exit_code() -> None:
 
 if __name__ == "__main__":
     # Until harness.cli installs its own handlers: a signal while it is imported is one line too.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _terminate)
     try:
         from harness.cli import main
-    except KeyboardInterrupt:  # Ctrl-C before any command started: nothing was written
-        print("interrupted by SIGINT before anything was written", file=sys.stderr)
+    except BaseException:  # a signal before any command started: nothing was written
+        if not _received:  # not a signal: a broken install shows its traceback
+            raise
+        # The last signal, also where an import turned its exception into an ImportError.
+        name = signal.Signals(_received[-1]).name
+        print(f"interrupted by {name} before anything was written", file=sys.stderr)
         _keep_exit_code()
-        sys.exit(130)
-    except _Terminated:
-        print("interrupted by SIGTERM before anything was written", file=sys.stderr)
-        sys.exit(143)
+        sys.exit(128 + _received[-1])
     try:
         main()
     except SystemExit:

@@ -12,7 +12,10 @@ in one line on stderr and the conventional exit code, wherever it was stopped:
   is discarded, never left half-written (:func:`harness.runs.atomic_output`). The exit
   code is 128 + the signal: 130 for SIGINT, 143 for SIGTERM. Training replaces both handlers
   while it runs (:class:`harness.training.SignalStop`: the first signal finishes the
-  iteration and writes a checkpoint, a second stops at once).
+  iteration and writes a checkpoint, a second stops at once). A library that turns the
+  signal's exception into one of its own (NumPy's import raises ``ImportError`` when the
+  signal lands inside it) still ends in the signal's line and code: the handlers record
+  every signal they receive.
 - An ``OSError`` no command turned into a refusal (no space left on the device, a folder
   that cannot be written or resolved) is one line naming the path: exit 1.
 - A config file that Hydra or OmegaConf cannot read (a broken YAML file in a
@@ -33,7 +36,13 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from harness.commands import COMMANDS
-from harness.commands.common import Terminated, config_error_line, system_error_line
+from harness.commands.common import (
+    Terminated,
+    config_error_line,
+    raise_if_signalled,
+    record_signal,
+    system_error_line,
+)
 
 # Our launcher presets share their names with the plugins' structured configs on purpose
 # (`hydra/launcher=joblib`); Hydra 1.3 warns about the name match. Set at import time so
@@ -58,7 +67,13 @@ EXIT_USAGE = 2
 """Exit code of bad input: a command line, config or file the command refuses."""
 
 
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    record_signal(signum)
+    raise KeyboardInterrupt
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
+    record_signal(signum)
     raise Terminated
 
 
@@ -79,7 +94,8 @@ def install_signal_handlers() -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    record_signal(None)
+    signal.signal(signal.SIGINT, _raise_interrupt)
     signal.signal(signal.SIGTERM, _raise_terminated)
     return previous
 
@@ -110,7 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     command = argv[0] if argv else ""
     try:
         with _hydra_errors_raised():
-            _run(argv)
+            try:
+                _run(argv)
+            except Exception:
+                raise_if_signalled()  # a library turned the signal's exception into its own
+                raise
     except KeyboardInterrupt as exc:
         _stop(argv, signal.SIGINT, exc)
     except Terminated as exc:

@@ -310,3 +310,26 @@ def test_a_ctrl_c_inside_exec_of_a_string_still_exits_130(tmp_path):
     proc = run_harness("train", "+env=interrupted", cwd=tmp_path, env=env)
     assert proc.returncode == 130, (proc.returncode, proc.stderr)
     assert "interrupted by SIGINT" in one_line(proc.stderr)
+
+
+def test_a_signal_a_library_turns_into_its_own_error_still_exits_128_plus_the_signal(tmp_path):
+    """NumPy's C extension imports `datetime` through PyCapsule_Import, which replaces the
+    KeyboardInterrupt of a Ctrl-C landing there with an ImportError (seen once in CI: `report`
+    stopped while NumPy loaded). A user's env module does the same with a real signal sent to
+    its own process: the command still ends in the signal's one line and code."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "swallowing_env.py").write_text(
+        "import os, signal, time\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(5)\n"
+        "except KeyboardInterrupt:\n"
+        "    raise ImportError('could not import module \"datetime\"') from None\n"
+    )
+    (tmp_path / "configs" / "env").mkdir(parents=True)
+    (tmp_path / "configs" / "env" / "swallowing.yaml").write_text("_target_: swallowing_env.Env\n")
+    env = {"PYTHONPATH": f"{tmp_path / 'code'}{os.pathsep}{ROOT}", "HARNESS_CONFIG_PATH": str(tmp_path / "configs")}
+    proc = run_harness("train", "+env=swallowing", cwd=tmp_path, env=env)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
+    line = one_line(proc.stderr)
+    assert "interrupted by SIGINT" in line and "train" in line, line

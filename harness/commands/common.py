@@ -13,6 +13,7 @@ import gc
 import io
 import os
 import re
+import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -32,6 +33,8 @@ __all__ = [
     "collector_paused",
     "dirname_overrides",
     "fail",
+    "raise_if_signalled",
+    "record_signal",
     "run_dir_override",
     "run_hydra",
     "split_hydra_flags",
@@ -50,8 +53,34 @@ class Terminated(BaseException):
     signum = 15  # signal.SIGTERM
 
 
+_signals: list[int] = []
+"""The signals received during this command (:func:`harness.cli.install_signal_handlers`'
+handlers record each)."""
+
+
+def record_signal(signum: int | None) -> None:
+    """Record that ``signum`` arrived; ``None`` forgets every signal (a new command starts)."""
+    if signum is None:
+        _signals.clear()
+    else:
+        _signals.append(signum)
+
+
+def raise_if_signalled() -> None:
+    """Raise the exception of the last signal received during this command, if one was.
+
+    Called before a failure is reported: a library may turn the signal's exception into
+    one of its own (NumPy's C extension imports ``datetime`` through ``PyCapsule_Import``,
+    which replaces a ``KeyboardInterrupt`` landing there with an ``ImportError``). The user
+    stopped the command, so its line and exit code are the signal's, not the failure's."""
+    if _signals:
+        raise KeyboardInterrupt if _signals[-1] == signal.SIGINT else Terminated
+
+
 def fail(exc: Exception | str) -> NoReturn:
-    """Print ``error: <one line>`` to stderr and exit 2 (bad input; nothing was written)."""
+    """Print ``error: <one line>`` to stderr and exit 2 (bad input; nothing was written),
+    unless a signal arrived meanwhile (:func:`raise_if_signalled`)."""
+    raise_if_signalled()
     print(f"error: {exc}", file=sys.stderr)
     sys.exit(2)
 
@@ -428,6 +457,7 @@ def system_errors_in_one_line(command: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
+        raise_if_signalled()
         line = system_error_line(exc)
         if line is None:
             raise
