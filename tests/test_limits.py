@@ -131,10 +131,18 @@ def test_the_probe_envs_predict_the_arrays_a_bigger_env_holds(cartpole_run):
     assert held == pytest.approx(a + b * 8 + 30 * (c + d * 8), rel=0.02)
 
 
-def test_available_memory_is_read_from_meminfo_and_never_above_it():
-    free = limits.available_host_bytes()
+def _mem_available() -> int:
     meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-    assert 0 < free <= int(meminfo["MemAvailable"].split()[0]) * 1024
+    return int(meminfo["MemAvailable"].split()[0]) * 1024
+
+
+def test_available_memory_is_read_from_meminfo_and_never_above_it():
+    # Other processes (the other test worker) change MemAvailable between two reads: it is
+    # read before and after, and 5% allowed over the larger (a unit slip is a factor of 1024).
+    before = _mem_available()
+    free = limits.available_host_bytes()
+    after = _mem_available()
+    assert 0 < free <= 1.05 * max(before, after)
 
 
 # -- files ----------------------------------------------------------------------------------------
