@@ -205,17 +205,20 @@ class SwingupConfig(NewtonEnvConfig):
 @wp.kernel
 def _apply_action(
     actions: wp.array3d(dtype=wp.float32),
-    step: int,
+    base: wp.array(dtype=wp.int32),
+    slot: int,
     strength: float,
     clamp: int,
     limit: float,
-    row: int,
     applied: wp.array3d(dtype=wp.float32),
     joint_f: wp.array(dtype=wp.float32),
 ):
+    # The step's row is base[0] + slot (the segment's first step, read on the device, and the
+    # place in the segment): one captured segment serves every segment.
     world = wp.tid()
+    step = base[0] + slot
     action = wp.clamp(actions[step, world, 0], -1.0, 1.0)
-    applied[row, world, 0] = action
+    applied[step, world, 0] = action
     force = action * strength
     if clamp != 0:  # the identity forward; backward clamps the gradient through this force
         force = clamp_adjoint(force, limit)
@@ -224,16 +227,22 @@ def _apply_action(
 
 
 @wp.kernel
-def _record_q(joint_q: wp.array(dtype=wp.float32), row: int, out: wp.array3d(dtype=wp.float32)):
+def _record_q(
+    joint_q: wp.array(dtype=wp.float32), base: wp.array(dtype=wp.int32), offset: int, out: wp.array3d(dtype=wp.float32)
+):
     world = wp.tid()
+    row = base[0] + offset
     theta = joint_q[world * 2 + 1]
     out[row, world, 0] = joint_q[world * 2 + 0]
     out[row, world, 1] = wp.atan2(wp.sin(theta), wp.cos(theta))
 
 
 @wp.kernel
-def _record_qd(joint_qd: wp.array(dtype=wp.float32), row: int, out: wp.array3d(dtype=wp.float32)):
+def _record_qd(
+    joint_qd: wp.array(dtype=wp.float32), base: wp.array(dtype=wp.int32), offset: int, out: wp.array3d(dtype=wp.float32)
+):
     world = wp.tid()
+    row = base[0] + offset
     out[row, world, 0] = joint_qd[world * 2 + 0]
     out[row, world, 1] = joint_qd[world * 2 + 1]
 
@@ -306,6 +315,7 @@ class CartpoleSwingupEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentabl
 
     name = "cartpole_swingup"
     Config = SwingupConfig
+    segment_graph = True  # its kernels read the step as segment_base[0] + slot (harness.env.Segmentable)
     state_fields = ("joint_q", "joint_qd")
 
     def __init__(self, config: SwingupConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
@@ -428,7 +438,14 @@ class CartpoleSwingupEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentabl
         wp.launch(
             _apply_action,
             dim=self.world_count,
-            inputs=[actions, t, self.config.action_strength, int(clamp is not None), clamp or 0.0, t],
+            inputs=[
+                actions,
+                self.segment_base,
+                self.slot(t),
+                self.config.action_strength,
+                int(clamp is not None),
+                clamp or 0.0,
+            ],
             outputs=[self.applied, self.joint_f[self.slot(t)]],
             device=self.device,
         )
@@ -457,7 +474,7 @@ class CartpoleSwingupEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentabl
                 wp.launch(
                     kernel,
                     dim=self.world_count,
-                    inputs=[getattr(state, name), row],
+                    inputs=[getattr(state, name), self.segment_base, row - self._base],
                     outputs=[self.observed[name]],
                     device=self.device,
                 )

@@ -109,7 +109,8 @@ def _scale_row(a: wp.array2d(dtype=wp.float32), w: int, coef: wp.float32):
 
 @wp.kernel
 def _adjoint_clip_kernel(
-    step: int,
+    base: wp.array(dtype=wp.int32),
+    slot: int,
     count: int,
     max_norm: wp.float64,
     scale: int,
@@ -124,7 +125,9 @@ def _adjoint_clip_kernel(
     sumsq: wp.array2d(dtype=wp.float64),
     rescaled: wp.array(dtype=wp.float32),
 ):
-    # One thread per world: its whole state adjoint is small (a few dofs or bodies).
+    # One thread per world: its whole state adjoint is small (a few dofs or bodies). The
+    # profile row is base[0] + slot: the step, read on the device so that one captured
+    # segment serves every segment (harness.memory.SegmentGraphs).
     w = wp.tid()
     s = _sumsq_row(a0, w)
     if count > 1:
@@ -141,7 +144,7 @@ def _adjoint_clip_kernel(
         s += _sumsq_row(a6, w)
     if count > 7:
         s += _sumsq_row(a7, w)
-    sumsq[step, w] = s
+    sumsq[base[0] + slot, w] = s
     if scale == 0:
         return
     coef = max_norm / (wp.sqrt(s) + wp.float64(1.0e-6))
@@ -221,6 +224,7 @@ class AdjointClipper:
         self.sumsq = wp.zeros((self.horizon, self.world_count), dtype=wp.float64, device=self.device)
         self.rescaled = wp.zeros(1, dtype=wp.float32, device=self.device)
         self.elapsed_s = 0.0
+        self._no_base = wp.zeros(1, dtype=wp.int32, device=self.device)  # the row is the host step
 
     @property
     def scales(self) -> bool:
@@ -238,9 +242,18 @@ class AdjointClipper:
         self.sumsq.zero_()
         self.rescaled.zero_()
 
-    def hook(self, tape: wp.Tape):
+    def hook(self, tape: wp.Tape, *, base: wp.array | None = None, start: int = 0):
         """The ``after_step`` hook that records into ``tape`` (a segmented backward makes one
-        per segment's tape, :mod:`harness.memory`)."""
+        per segment's tape, :mod:`harness.memory`).
+
+        Args:
+            tape: The tape the rollout (or one segment of it) is recorded on.
+            base: An int32 ``(1,)`` device array holding the first step of the segment being
+                recorded (``env.segment_base``), or None: the profile row of step ``t`` is then
+                ``base[0] + t - start``, read on the device, so the launch is the same in every
+                segment and one captured segment's graph serves them all.
+            start: The first step of the segment being recorded (with ``base``).
+        """
 
         def hook(step: int, arrays: list[wp.array]) -> None:
             if not 0 <= step < self.horizon:
@@ -249,18 +262,22 @@ class AdjointClipper:
                 raise ValueError(f"AdjointClipper: 1 to {MAX_STATE_ARRAYS} state arrays per step, got {len(arrays)}")
             views = [_flat_grad_view(array, self.world_count) for array in arrays]
             views += [views[0]] * (MAX_STATE_ARRAYS - len(views))
-            tape.record_func(lambda: self._backward(step, len(arrays), views), arrays)
+            row = (self._no_base, step) if base is None else (base, step - start)
+            tape.record_func(lambda: self._backward(*row, len(arrays), views), arrays)
 
         return hook
 
-    def _backward(self, step: int, count: int, views: list[wp.array]) -> None:
+    def _backward(self, base: wp.array, slot: int, count: int, views: list[wp.array]) -> None:
         start = time.perf_counter()
         wp.launch(
             _adjoint_clip_kernel,
             dim=self.world_count,
-            inputs=[step, count, wp.float64(self.max_norm or 0.0), int(self.scales), *views, self.sumsq, self.rescaled],
+            inputs=[
+                base, slot, count, wp.float64(self.max_norm or 0.0), int(self.scales), *views, self.sumsq,
+                self.rescaled,
+            ],
             device=self.device,
-        )
+        )  # fmt: skip
         self.elapsed_s += time.perf_counter() - start
 
     def profile(self) -> np.ndarray:

@@ -347,7 +347,7 @@ class Probe:
         self.params.data.assign(self.base.astype(np.float32))
         starts = self.env.world_count
         self._mask_on.fill_(0)
-        if self.env.segment_steps is not None:  # eager, with the adjoint's profile (it needs the host step)
+        if self.env.segment_steps is not None:  # eager: compiles and allocates what the segment graphs replay
             self._zero_grads()
             self.adjoint.reset()
             with self._training():

@@ -12,10 +12,13 @@ build an env of their own). A run's memory is, in bytes:
   a taped rollout adds to them (:data:`EAGER_STEP_FACTOR`, :data:`CAPTURED_STEP_FACTOR`);
 - host memory per taped step, whatever the world count (:data:`STEP_HOST_BYTES`: the Python
   objects of each step's State, gradients and scratch, and the tape's launch records), and with
-  a captured graph the graph's launch records (:data:`GRAPH_BYTES_PER_STEP`, on the CPU);
+  a captured graph the graph's launch records (:data:`GRAPH_BYTES_PER_STEP`, on the CPU: per
+  step of the horizon, or with the segment graphs of :mod:`harness.memory` per step of each of
+  their :data:`SEGMENT_GRAPH_KINDS` kinds of segment);
 - the task's own arrays: every parameter with its gradient, the update's copies and the
   optimizer's state (:data:`PARAMETER_COPIES` copies of the parameters, ``Task.flat_shapes``),
-  and each step's observation and action with their gradients (a policy's inputs and outputs);
+  and each step's observation and action with their gradients (a policy's inputs and outputs,
+  kept for the whole horizon, and in segments one segment's more);
 - the device history of ``log_every`` rows (:data:`HISTORY_COLUMNS` columns), read back to the
   host, and the host tallies kept per iteration (:data:`TALLY_BYTES_PER_ITERATION`);
 - what the process still loads after the check (Newton, kernels, TensorBoard):
@@ -57,8 +60,14 @@ step's State, gradients and solver scratch and the tape's launch records (calibr
 cartpole: docs/reliability.md)."""
 
 GRAPH_BYTES_PER_STEP = 150 * 1024
-"""Host bytes per simulated step of a captured graph on the CPU (its recorded launches; the
-graph covers the whole horizon, in segments too). On CUDA the graph lives in driver memory."""
+"""Host bytes per simulated step of a captured graph on the CPU (its recorded launches; one
+graph covers the whole horizon, also in segments when they cannot share their graphs). On CUDA
+the graph lives in driver memory."""
+
+SEGMENT_GRAPH_KINDS = 3
+"""Kinds of segment captured once each when segments share their graphs (the first, a middle
+one and the last; :class:`harness.memory.SegmentGraphs`): their graphs hold that many segments'
+steps, whatever the horizon."""
 
 EAGER_STEP_FACTOR = 1.6
 """The arrays of a step kept on a tape, as a multiple of those the env holds per step when built:
@@ -198,6 +207,7 @@ def estimate_run(
     iterations: int,
     cuda: bool = False,
     probe: tuple[float, float, float, float] | None = None,
+    segment_graphs: bool = False,
 ) -> Estimate:
     """The bytes a run needs (module docstring); without ``probe`` the env's own arrays are
     left out and the result is a floor.
@@ -211,16 +221,19 @@ def estimate_run(
         iterations: Iterations of the run.
         cuda: Whether the arrays live on a CUDA device.
         probe: The env's ``(a, b, c, d)`` (:func:`probe_env_bytes`).
+        segment_graphs: The segments share their captured graphs
+            (:func:`harness.memory.segment_graph_blocker` is None).
     """
     worlds, horizon = int(env_config.world_count), int(env_config.horizon)
     kept = int(segment_steps or horizon)
     starts = math.ceil(horizon / kept) - 1
     observed = sum(env_config.observable_dims().values())
     per_step_io = env_config.observation_dim() + env_config.action_dim()
+    graphed = min(horizon, SEGMENT_GRAPH_KINDS * kept) if segment_graphs and segment_steps else horizon
     device = {
         "parameters": PARAMETER_COPIES * 4 * sum(math.prod(shape) for shape in shapes.values()),
         "observables": 2 * 4 * observed * worlds * (horizon - kept if probe else horizon),
-        "step_inputs": 2 * 4 * per_step_io * worlds * kept,
+        "step_inputs": 2 * 4 * per_step_io * worlds * (horizon + (kept if segment_steps else 0)),
         "history": 4 * HISTORY_COLUMNS * log_every,
     }
     if probe is not None:
@@ -230,7 +243,7 @@ def estimate_run(
         device["env"] = int(a + b * worlds + kept * per_step * taped + starts * per_step / 2)
     host = {
         "tape": STEP_HOST_BYTES * kept,
-        "graph": GRAPH_BYTES_PER_STEP * horizon if capture and not cuda else 0,
+        "graph": GRAPH_BYTES_PER_STEP * graphed if capture and not cuda else 0,
         "history_readback": 4 * HISTORY_COLUMNS * log_every,
         "tallies": TALLY_BYTES_PER_ITERATION * iterations,
         "process": PROCESS_BYTES,
@@ -288,6 +301,7 @@ def check_memory(
             "capture": settings.capture is not False,
             "log_every": settings.log_every,
             "iterations": settings.iterations,
+            "segment_graphs": steps is not None and _segments_share_graphs(env_class, run.task),
         }
     else:
         device = wp.get_device(check_device(cfg.get("device")))
@@ -315,6 +329,14 @@ def check_memory(
         estimate = estimate_run(env_config, **common, probe=sizes)
         _refuse_if_too_big(estimate, env_config, device, make, suggest_segments=segmentable, loop=loop)
     return estimate
+
+
+def _segments_share_graphs(env_class: type, task: Any) -> bool:
+    """Whether a captured segmented run of this env and task replays the segment graphs
+    (:func:`harness.memory.segment_graph_blocker`, decided here before any env exists)."""
+    from harness.memory import task_acts_through_env
+
+    return bool(getattr(env_class, "segment_graph", False)) and task_acts_through_env(task)
 
 
 def _refuse_if_too_big(

@@ -67,7 +67,7 @@ def task_acts_through_env(task: Task) -> bool:
     return type(task).act in acts
 
 
-def segment_graph_blocker(env: Env, task: Task, adjoint: Any = None) -> str | None:
+def segment_graph_blocker(env: Env, task: Task) -> str | None:
     """Why a captured segmented iteration of this run cannot reuse one segment's graph for
     every segment (it is then one graph of all segments), or None when it can."""
     if env.segment_steps is None:
@@ -76,8 +76,6 @@ def segment_graph_blocker(env: Env, task: Task, adjoint: Any = None) -> str | No
         return f"env '{env.name}' does not read the step from the device (harness.env.Segmentable.segment_graph)"
     if not task_acts_through_env(task):
         return f"task '{task.name}' indexes its own per-step buffers by the host step"
-    if adjoint is not None:
-        return "the in-backward adjoint clip writes its profile row at the host step"
     return None
 
 
@@ -98,6 +96,8 @@ class SegmentGraphs:
         task: What the parameters are (:func:`segment_graph_blocker` is None).
         loss: The bound loss.
         params: The parameters.
+        adjoint: The in-backward adjoint clipper, if any: its hooks go into every segment's
+            tape and address their profile row from ``env.segment_base``.
         device: The device to capture on (default: the parameters').
 
     Attributes:
@@ -107,11 +107,20 @@ class SegmentGraphs:
         steps: ``(segment base or None, graph)`` in launch order.
     """
 
-    def __init__(self, env: Env, task: Task, loss: Any, params: ParamSet, *, device: wp.context.Devicelike = None):
+    def __init__(
+        self,
+        env: Env,
+        task: Task,
+        loss: Any,
+        params: ParamSet,
+        *,
+        adjoint: Any = None,
+        device: wp.context.Devicelike = None,
+    ):
         why = segment_graph_blocker(env, task)
         if why is not None:
             raise ValueError(f"SegmentGraphs: {why}")
-        self.env, self.task, self.loss, self.params = env, task, loss, params
+        self.env, self.task, self.loss, self.params, self.adjoint = env, task, loss, params, adjoint
         self.device = wp.get_device(device if device is not None else params.device)
         self.graphs: dict[tuple, Any] = {}
         self._kept: list[Any] = []  # what the tapes' backward allocated: the graphs use it
@@ -153,6 +162,8 @@ class SegmentGraphs:
             self.total = self.loss(self.trajectory)
         tape.backward(self.total)
         self._kept.append(tape.gradients)
+        if self.adjoint is not None:
+            self.adjoint.reset()
 
     def _backward(self, start: int, end: int) -> None:
         env = self.env
@@ -162,7 +173,8 @@ class SegmentGraphs:
             env.stash_accumulated_grad()
         tape = wp.Tape()
         with tape:
-            rollout_segment(env, self.task, self.params, start, end, begin=False)
+            hook = _adjoint_hook(self.adjoint, tape, env, start)
+            rollout_segment(env, self.task, self.params, start, end, after_step=hook, begin=False)
         if start == 0:
             env.restore_accumulated_grad()
         if end < env.horizon:
@@ -180,6 +192,17 @@ class SegmentGraphs:
             if base is not None:
                 env.set_segment_base(base)
             wp.capture_launch(graph)
+
+
+def _adjoint_hook(adjoint: Any, tape: wp.Tape, env: Env, start: int) -> Any:
+    """The adjoint clipper's hook for the segment starting at ``start`` (None without one). An
+    env that reads the step from the device lends it its ``segment_base``, so eager segments
+    and the segment graphs launch the same kernels."""
+    if adjoint is None:
+        return None
+    if getattr(env, "segment_graph", False):
+        return adjoint.hook(tape, base=env.segment_base, start=start)
+    return adjoint.hook(tape)
 
 
 def segmented_forward_backward(
@@ -216,7 +239,7 @@ def segmented_forward_backward(
             env.stash_accumulated_grad()
         tape = wp.Tape()
         with tape:
-            hook = adjoint.hook(tape) if adjoint is not None else None
+            hook = _adjoint_hook(adjoint, tape, env, start)
             rollout_segment(env, task, params, start, end, after_step=hook, begin=False)
         if start == 0:  # the task's begin (a wp.copy into a model array) overwrote their gradients
             env.restore_accumulated_grad()

@@ -21,6 +21,9 @@ Run:
     python scripts/bench_segment_graph.py                         # 2,000 and 10,000 steps, 1/4/64 worlds
     python scripts/bench_segment_graph.py --long                  # also 100,000 steps, 1 world, captured
     python scripts/bench_segment_graph.py --one 2000 4 graphs     # one child, prints JSON
+    python scripts/bench_segment_graph.py --horizons 10000 --worlds 4 --adjoint 1e-3
+                                                                  # with the in-backward adjoint clip
+    python scripts/bench_segment_graph.py --horizons 10000 --worlds 4 --task policy   # an MLP policy [64, 64]
 """
 
 from __future__ import annotations
@@ -39,18 +42,22 @@ ROOT = Path(__file__).resolve().parent.parent
 MODES = ("eager", "graphs", "one-graph")
 
 
-def one(horizon: int, worlds: int, mode: str, iterations: int) -> dict:
+def one(
+    horizon: int, worlds: int, mode: str, iterations: int, adjoint: float | None = None, task: str = "open_loop"
+) -> dict:
     """Runs in the child: build, train ``iterations`` iterations, measure."""
     sys.path.insert(0, str(ROOT))
     import harness  # noqa: F401  (quiet Warp start-up)
     from harness.config import resolve_segment_steps
+    from harness.tasks import OpenLoop, Policy
     from tests.helpers import make_trainer
 
     steps = resolve_segment_steps("auto", horizon)
     capture = mode != "eager"
     trainer = make_trainer(
         horizon=horizon, world_count=worlds, iterations=iterations, log_every=iterations, lr=0.01, max_norm=1.0,
-        capture=capture, segment_steps=steps,
+        capture=capture, segment_steps=steps, adjoint=None if adjoint is None else {"max_norm": adjoint},
+        task=Policy(hidden=[64, 64], action_scale=20.0) if task == "policy" else OpenLoop(),
     )  # fmt: skip
     if mode == "one-graph":
         trainer.env.segment_graph = False  # the fallback: one graph of all segments (decided at capture)
@@ -79,11 +86,18 @@ def one(horizon: int, worlds: int, mode: str, iterations: int) -> dict:
         "graphs": graphs,
         "last_loss": loss,
         "params_sha": hashlib.sha256(trainer.params.data.numpy().tobytes()).hexdigest()[:16],
+        "adjoint_max_norm": adjoint,
+        "task": task,
     }
 
 
-def child(horizon: int, worlds: int, mode: str, iterations: int) -> dict:
+def child(
+    horizon: int, worlds: int, mode: str, iterations: int, adjoint: float | None = None, task: str = "open_loop"
+) -> dict:
     command = [sys.executable, __file__, "--one", str(horizon), str(worlds), mode, "--iterations", str(iterations)]
+    command += ["--task", task]
+    if adjoint is not None:
+        command += ["--adjoint", repr(adjoint)]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stderr[-2000:]}")
@@ -99,10 +113,12 @@ def main() -> None:
     parser.add_argument("--modes", nargs="*", default=["eager", "graphs"], choices=MODES)
     parser.add_argument("--one-graph-at", type=int, nargs="*", default=[4], help="worlds also run as one graph")
     parser.add_argument("--long", action="store_true", help="also 100,000 steps, 1 world, captured (2 iterations)")
+    parser.add_argument("--adjoint", type=float, default=None, help="clip.adjoint.max_norm (off by default)")
+    parser.add_argument("--task", choices=("open_loop", "policy"), default="open_loop", help="what is trained")
     args = parser.parse_args()
     if args.one:
         horizon, worlds, mode = args.one
-        print(json.dumps(one(int(horizon), int(worlds), mode, args.iterations)))
+        print(json.dumps(one(int(horizon), int(worlds), mode, args.iterations, args.adjoint, args.task)))
         return
 
     print(
@@ -125,7 +141,7 @@ def main() -> None:
         for worlds in args.worlds:
             modes = list(args.modes) + (["one-graph"] if worlds in args.one_graph_at else [])
             for mode in dict.fromkeys(modes):
-                report(child(horizon, worlds, mode, args.iterations))
+                report(child(horizon, worlds, mode, args.iterations, args.adjoint, args.task))
     for horizon in args.horizons:
         for worlds in args.worlds:
             found = {r["mode"]: r for r in rows if r["horizon"] == horizon and r["worlds"] == worlds}
@@ -137,7 +153,7 @@ def main() -> None:
                     f"{eager['iteration_s'] / graphs['iteration_s']:.1f}x; same parameters bit for bit: {same}"
                 )
     if args.long:
-        report(child(100_000, 1, "graphs", 2))
+        report(child(100_000, 1, "graphs", 2, args.adjoint, args.task))
 
 
 if __name__ == "__main__":

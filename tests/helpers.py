@@ -62,10 +62,12 @@ def make_trainer(
     device: str = "cpu",
     plot_every: int | None = None,
     adjoint: dict | None = None,
+    task=None,
     **env_kw,
 ) -> Trainer:
     """A trainer on the real cartpole; Adam(lr), norm clip at max_norm and the upright loss by
-    default; no rollout images unless ``plot_every`` is given (they cost matplotlib time)."""
+    default (open-loop actions unless ``task`` is given); no rollout images unless ``plot_every``
+    is given (they cost matplotlib time)."""
     env = CartpoleEnv(horizon=horizon, world_count=world_count, device=device, **env_kw)
     return Trainer(
         env=env,
@@ -82,6 +84,7 @@ def make_trainer(
         ),
         schedule=schedule,
         adjoint=adjoint,
+        task=task,
     )
 
 

@@ -9,7 +9,6 @@ import pytest
 
 from envs.cartpole import CartpoleEnv
 from harness import build, config
-from harness.adjoint import AdjointClipper
 from harness.losses import WeightedLoss
 from harness.memory import SegmentGraphs, segment_graph_blocker, segmented_forward_backward
 from harness.tasks import OpenLoop, Policy, TrainQuantities, prepare
@@ -50,8 +49,8 @@ def assert_same(expected: dict, got: dict) -> None:
 
 @pytest.mark.parametrize(
     ("task", "segment_steps"),
-    [(OpenLoop(), 6), (TrainQuantities(kind="physical"), 4)],  # open loop: a shorter last segment
-    ids=["open_loop", "physical"],
+    [(OpenLoop(), 6), (TrainQuantities(kind="physical"), 4), (Policy(hidden=[8], action_scale=20.0), 6)],
+    ids=["open_loop", "physical", "policy"],  # open loop and policy: a shorter last segment
 )
 def test_segment_graphs_give_the_eager_segments_gradients_bit_for_bit(task, segment_steps):
     expected = gradients(task, horizon=20, segment_steps=segment_steps, graphs=False)
@@ -92,32 +91,50 @@ def test_what_falls_back_to_one_graph_of_all_segments():
     env = CartpoleEnv(horizon=12, world_count=1, device="cpu", segment_steps=4)
     assert segment_graph_blocker(env, OpenLoop()) is None
     assert "in segments" in segment_graph_blocker(CartpoleEnv(horizon=12, world_count=1, device="cpu"), OpenLoop())
-    clipper = AdjointClipper(horizon=12, world_count=1, max_norm=1.0, device="cpu")
-    assert "adjoint clip" in segment_graph_blocker(env, OpenLoop(), clipper)
-    assert "host step" in segment_graph_blocker(env, Policy(hidden=[4]))
+    assert segment_graph_blocker(env, Policy(hidden=[4])) is None
+
+    class OwnRows(OpenLoop):  # a task with its own per-step launches, not declared segment_graph
+        def act(self, env, params, t):
+            super().act(env, params, t)
+
+    assert "host step" in segment_graph_blocker(env, OwnRows())
     env.segment_graph = False  # an env that does not read the step from the device
     assert "Segmentable.segment_graph" in segment_graph_blocker(env, OpenLoop())
     with pytest.raises(ValueError, match="SegmentGraphs: env 'cartpole'"):
         SegmentGraphs(env, OpenLoop(), WeightedLoss(UPRIGHT_TERMS), None)
 
 
-def test_a_run_that_cannot_share_a_segment_graph_is_still_one_captured_graph():
-    """The in-backward adjoint clip writes its profile at the host step: the iteration is one
-    graph of all segments, as before, and replays the eager run."""
+@pytest.mark.parametrize("graphs", [True, False], ids=["segment_graphs", "one_graph"])
+def test_the_adjoint_clip_in_captured_segments_matches_eager_segments(graphs):
+    """The in-backward adjoint clip (a threshold that rescales, and its profile) under capture:
+    its profile row is read from the env's device base, so one segment's graph serves every
+    segment; with an env that does not read the step from the device the iteration is one
+    graph of all segments. Either way the logged rows, the profile, the parameters and their
+    gradient equal eager segmented training bit for bit."""
     runs = {}
     for capture in (False, True):
         trainer = make_trainer(
-            horizon=12, world_count=1, iterations=2, log_every=2, capture=capture, segment_steps=4,
+            horizon=20, world_count=2, iterations=3, log_every=3, capture=capture, segment_steps=6,
             adjoint={"max_norm": 1.0e-3},
         )  # fmt: skip
+        trainer.env.segment_graph = graphs
         trainer.step.set_iteration(0)
-        for it in range(2):
+        for it in range(3):
             if capture and it == 1:
                 trainer.step.capture()
             trainer.step.run()
-        assert trainer.step.segment_graphs is None
-        runs[capture] = trainer.step.read_rows(0, 1)
-    np.testing.assert_array_equal(runs[True], runs[False])
+        runs[capture] = trainer
+    eager, captured = runs[False], runs[True]
+    assert (captured.step.segment_graphs is not None) == graphs
+    if graphs:
+        assert len(captured.step.segment_graphs.graphs) == 6
+    profile = eager.step.adjoint.profile()
+    assert np.all(profile[:-1] > 0) and np.isfinite(profile).all()  # every step's row was written
+    assert eager.step.adjoint.rescaled.numpy()[0] == 1.0  # the threshold did rescale
+    np.testing.assert_array_equal(captured.step.adjoint.profile(), profile)
+    np.testing.assert_array_equal(captured.step.read_rows(0, 2), eager.step.read_rows(0, 2))
+    assert np.array_equal(captured.params.data.numpy(), eager.params.data.numpy())
+    assert np.array_equal(captured.params.grad.numpy(), eager.params.grad.numpy())
 
 
 def test_command_line_training_with_auto_segments_and_capture_auto_takes_the_segment_graphs(tmp_path):

@@ -33,7 +33,7 @@ from envs.cartpole_swingup import (
 from harness.config import CONFIG_DIR
 from harness.gradcheck import check_gradients
 from harness.losses import WeightedLoss
-from harness.memory import segmented_forward_backward
+from harness.memory import SegmentGraphs, segmented_forward_backward
 from harness.tasks import OpenLoop, Policy, prepare, rollout
 from harness.training.step import check_capture, taped_rollout, zero_grads
 from tests.helpers import run_harness
@@ -275,27 +275,41 @@ def test_draw_initial_gives_the_documented_distribution_and_is_reproducible():
         np.testing.assert_array_equal(rebuilt.initial[name].numpy(), value)
 
 
-def test_segments_give_the_full_tapes_gradients_bit_for_bit():
-    def gradients(segment_steps: int | None) -> dict:
+@pytest.mark.parametrize("task", [OpenLoop(), Policy(hidden=[8])], ids=["open_loop", "policy"])
+def test_segments_and_segment_graphs_give_the_full_tapes_gradients_bit_for_bit(task):
+    """Eager segments of 3 over 10 steps, and the same replayed twice from the segment graphs
+    (the env reads the step from the device: one graph per kind of segment)."""
+
+    def gradients(segment_steps: int | None, graphs: bool = False) -> dict:
         kw = {} if segment_steps is None else {"segment_steps": segment_steps}
         env = CartpoleSwingupEnv(horizon=10, world_count=2, device="cpu", **kw)
-        loss, task = WeightedLoss(LOSS_TERMS), OpenLoop()
+        loss = WeightedLoss(LOSS_TERMS)
         params = prepare(env, task, loss, device="cpu")
         params.data.assign(np.random.default_rng(0).uniform(-1.2, 1.2, params.data.shape).astype(np.float32))
         if segment_steps is None:
             tape, trajectory, total = taped_rollout(env, task, loss, params)
             tape.backward(total)
         else:
-            zero_grads(env, loss, params)
+            zero_grads(env, loss, params, task)
             _, trajectory, total = segmented_forward_backward(env, task, loss, params)
+        if graphs:
+            segments = SegmentGraphs(env, task, loss, params)
+            assert len(segments.graphs) == 6
+            for _ in range(2):  # nothing carries over between replays
+                zero_grads(env, loss, params, task)
+                segments.launch()
+            trajectory, total = segments.trajectory, segments.total
         found = {"loss": total.numpy(), "gradient": params.grad.numpy()}
         found.update({name: value.numpy() for name, value in trajectory.items()})
         return {name: np.array(value, copy=True) for name, value in found.items()}
 
     full = gradients(None)
     assert np.abs(full["gradient"]).max() > 0
-    for name, value in gradients(3).items():
-        np.testing.assert_array_equal(value, full[name], err_msg=name)
+    for graphs in (False, True):
+        got = gradients(3, graphs)
+        assert got.keys() == full.keys()
+        for name, value in got.items():
+            np.testing.assert_array_equal(value, full[name], err_msg=f"{name} (graphs={graphs})")
 
 
 def test_train_runs_from_the_command_line(tmp_path):

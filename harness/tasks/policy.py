@@ -49,6 +49,19 @@ def _episode_flags(
     carry[0] = wp.where(fresh, 0, 1)
 
 
+@wp.kernel
+def _to_step_row(
+    source: wp.array2d(dtype=wp.float32),
+    base: wp.array(dtype=wp.int32),
+    slot: int,
+    rows: wp.array3d(dtype=wp.float32),
+):
+    """``rows[base[0] + slot] = source``: the step's row of a whole-horizon buffer, picked on
+    the device (its adjoint adds the row's gradient into ``source``'s)."""
+    w, j = wp.tid()
+    rows[base[0] + slot, w, j] = source[w, j]
+
+
 @dataclasses.dataclass
 class _Buffers:
     """Per-step rows for one env: the observation and the action (the MLP keeps the hidden rows)."""
@@ -56,6 +69,16 @@ class _Buffers:
     observations: wp.array  # (horizon, world_count, observation_dim)
     actions: wp.array  # (horizon, world_count, action_dim)
     carry: wp.array  # int32 (1,): continue the episode (1) or start a new one (0)
+    # With segment graphs: one segment's rows, addressed by slot (the same in every segment)
+    segment_observations: wp.array | None = None  # (segment_steps, world_count, observation_dim)
+    segment_actions: wp.array | None = None  # (segment_steps, world_count, action_dim)
+
+
+def _segment_rows(env: Env) -> bool:
+    """Whether a rollout of ``env`` runs in segments whose launches read the step from the
+    device (:attr:`harness.env.Segmentable.segment_graph`): the MLP then works on one
+    segment's rows."""
+    return env.segment_steps is not None and bool(getattr(env, "segment_graph", False))
 
 
 class Policy(Task):
@@ -81,6 +104,11 @@ class Policy(Task):
     """
 
     name = "policy"
+    segment_graph = True
+    """Under graph capture, one segment's graph serves every segment
+    (:func:`harness.memory.segment_graph_blocker`): with an env that reads the step from the
+    device, each step's MLP runs on its segment's rows, addressed by slot, and
+    :meth:`act` copies them into the whole-horizon rows at ``segment_base[0] + slot``."""
     training_only = ("window",)
     window_key = "task.window"
     """Settings that only shape training (unset when a run is evaluated over whole episodes)."""
@@ -196,13 +224,21 @@ class Policy(Task):
 
     def buffers(self, env: Env) -> _Buffers:
         found = self._buffers.get(id(env))
-        if found is None or found.observations.shape[:2] != (env.horizon, env.world_count):
+        segment = env.segment_steps if _segment_rows(env) else None
+        held = None if found is None or found.segment_actions is None else found.segment_actions.shape[0]
+        if found is None or found.observations.shape[:2] != (env.horizon, env.world_count) or held != segment:
             rows = (env.horizon, env.world_count)
+            obs, act = env.config.observation_dim(), env.config.action_dim()
             found = _Buffers(
-                observations=wp.zeros((*rows, env.config.observation_dim()), device=env.device, requires_grad=True),
-                actions=wp.zeros((*rows, env.config.action_dim()), device=env.device, requires_grad=True),
+                observations=wp.zeros((*rows, obs), device=env.device, requires_grad=True),
+                actions=wp.zeros((*rows, act), device=env.device, requires_grad=True),
                 carry=wp.zeros(1, dtype=wp.int32, device=env.device),
             )
+            if segment is not None:
+                found.segment_observations = wp.zeros(
+                    (segment, env.world_count, obs), device=env.device, requires_grad=True
+                )
+                found.segment_actions = wp.zeros((segment, env.world_count, act), device=env.device, requires_grad=True)
             self._buffers[id(env)] = found
         return found
 
@@ -225,13 +261,34 @@ class Policy(Task):
 
     def zero_grad(self, env: Env) -> None:
         buffers = self.buffers(env)
-        for array in (buffers.observations, buffers.actions):
-            array.grad.zero_()
+        for array in (buffers.observations, buffers.actions, buffers.segment_observations, buffers.segment_actions):
+            if array is not None:
+                array.grad.zero_()
 
     def act(self, env: Env, params: ParamSet, t: int) -> None:
         buffers = self.buffers(env)
-        env.observe(t, buffers.observations[t])
-        self.mlp(env.config).forward_step(params, buffers.observations, t, buffers.actions)
+        mlp = self.mlp(env.config)
+        if buffers.segment_actions is None:
+            env.observe(t, buffers.observations[t])
+            mlp.forward_step(params, buffers.observations, t, buffers.actions)
+            env.act(t, buffers.actions)
+            return
+        # In segments, with an env that reads the step from the device: the launches are the
+        # same in every segment. Each segment is re-run just before its backward, so zeroing its
+        # rows' gradient here clears what the later segment's backward left in them (the
+        # observation's: env.observe's adjoint reads it without consuming it).
+        slot = env.slot(t)
+        observations, actions = buffers.segment_observations, buffers.segment_actions
+        if slot == 0:
+            observations.grad.zero_()
+            actions.grad.zero_()
+        env.observe(t, observations[slot])
+        mlp.forward(params, observations[slot], actions[slot])
+        for rows, whole in ((observations, buffers.observations), (actions, buffers.actions)):
+            wp.launch(
+                _to_step_row, dim=rows.shape[1:], inputs=[rows[slot], env.segment_base, slot], outputs=[whole],
+                device=env.device,
+            )  # fmt: skip
         env.act(t, buffers.actions)
 
     def end(self, env: Env, params: ParamSet) -> None:

@@ -401,7 +401,7 @@ class TrainStep:
         with self.task.training(self.counter):
             if self.env.segment_steps is not None:
                 zero_grads(self.env, self.loss, self.all_params(), self.task)
-                if self._capturing and segment_graph_blocker(self.env, self.task, self.adjoint) is None:
+                if self._capturing and segment_graph_blocker(self.env, self.task) is None:
                     self._split_capture(params)
                 else:
                     self._tape, self.trajectory, _ = segmented_forward_backward(
@@ -453,7 +453,7 @@ class TrainStep:
         """In a capture: end the graph so far, capture the segments' graphs, start the next graph."""
         self._program.append((wp.capture_end(device=self.device), None))
         self._capturing = False
-        graphs = SegmentGraphs(self.env, self.task, self.loss, params, device=self.device)
+        graphs = SegmentGraphs(self.env, self.task, self.loss, params, adjoint=self.adjoint, device=self.device)
         self._program.append((None, graphs))
         self._tape, self.trajectory, self.segment_graphs = graphs, graphs.trajectory, graphs
         wp.capture_begin(device=self.device)
