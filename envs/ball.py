@@ -64,6 +64,7 @@ class BallEnv(NewtonEnv, Segmentable):
     """The diffsim ball; see :class:`BallConfig` for the fields."""
 
     name = "ball"
+    segment_graph = True  # its rows are written at segment_base[0] + slot (NewtonEnv.write_offset)
     Config = BallConfig
     initial_quantities: ClassVar[dict[str, str]] = {"initial_velocity": "particle_qd"}  # task=initial trains it
 

@@ -64,6 +64,7 @@ class ClothEnv(NewtonEnv, Segmentable):
     """The diffsim cloth; see :class:`ClothConfig` for the fields."""
 
     name = "cloth"
+    segment_graph = True  # its rows are written at segment_base[0] + slot (NewtonEnv.write_offset)
     Config = ClothConfig
     initial_quantities: ClassVar[dict[str, str]] = {"initial_velocity": "particle_qd"}  # task=initial trains it
 

@@ -101,6 +101,7 @@ class SoftBodyEnv(NewtonEnv, Segmentable):
     """The diffsim soft body; see :class:`SoftBodyConfig` for the fields."""
 
     name = "soft_body"
+    segment_graph = True  # its rows are written at segment_base[0] + slot (NewtonEnv.write_offset)
     Config = SoftBodyConfig
 
     CONTACT = ContactMaterial(ke=1.0e3, kd=1.0, kf=0.0, mu=0.2)

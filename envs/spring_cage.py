@@ -79,6 +79,7 @@ class SpringCageEnv(NewtonEnv, Segmentable):
     """The diffsim spring cage; see :class:`SpringCageConfig` for the fields."""
 
     name = "spring_cage"
+    segment_graph = True  # its rows are written at segment_base[0] + slot (NewtonEnv.write_offset)
     Config = SpringCageConfig
 
     def __init__(self, config: EnvConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):

@@ -351,10 +351,9 @@ class Probe:
             self._zero_grads()
             self.adjoint.reset()
             with self._training():
-                kept, _, total = segmented_forward_backward(
-                    self.env, self.task, self.loss, self.params, adjoint=self.adjoint
+                _, _, total = segmented_forward_backward(
+                    self.env, self.task, self.loss, self.params, adjoint=self.adjoint, keep=False
                 )
-            self._tapes.append(kept)
             value = float(total.numpy()[0])
         else:
             self._record()  # eager: the captured backward replays on what it writes

@@ -10,8 +10,10 @@ build an env of their own). A run's memory is, in bytes:
   assumed: four probe envs of 1 and 2 worlds and 1 and 2 steps are built and the bytes of
   every Warp array (and gradient) they hold are summed (:func:`probe_env_bytes`); ``f`` is what
   a taped rollout adds to them (:data:`EAGER_STEP_FACTOR`, :data:`CAPTURED_STEP_FACTOR`);
-- host memory per taped step, whatever the world count (:data:`STEP_HOST_BYTES`: the Python
-  objects of each step's State, gradients and scratch, and the tape's launch records), and with
+- host memory per taped step, whatever the world count (:data:`STEP_HOST_BYTES`, or
+  :data:`HOST_BYTES_PER_STEP_ARRAY` per array the env holds per step where that is more: the
+  Python objects of each step's State, gradients and scratch, and the tape's launch records), in
+  segments a little per step of the horizon (:data:`SEGMENT_HOST_BYTES_PER_STEP`), and with
   a captured graph the graph's launch records (:data:`GRAPH_BYTES_PER_STEP`, on the CPU: per
   step of the horizon, or with the segment graphs of :mod:`harness.memory` per step of each of
   their :data:`SEGMENT_GRAPH_KINDS` kinds of segment);
@@ -50,6 +52,7 @@ __all__ = [
     "check_memory",
     "estimate_run",
     "format_bytes",
+    "probe_env",
     "probe_env_bytes",
 ]
 
@@ -57,12 +60,31 @@ __all__ = [
 STEP_HOST_BYTES = 160 * 1024
 """Host bytes per step kept on a tape, whatever the world count: the Python objects of the
 step's State, gradients and solver scratch and the tape's launch records (calibrated on the
-cartpole: docs/reliability.md)."""
+cartpole: docs/reliability.md). The least a step costs: an env with many arrays per step costs
+:data:`HOST_BYTES_PER_STEP_ARRAY` per array instead, where that is more."""
+
+HOST_BYTES_PER_STEP_ARRAY = 9 * 1024
+"""Host bytes per Warp array an env holds per step, on a tape and (on the CPU) again in a
+captured graph: the host cost of a step grows with what the step launches, which its arrays
+track (the cartpole holds 22 per step and its 16 launches; the swing-up's four Featherstone
+substeps 82 and 64; calibrated on the swing-up: docs/reliability.md, "Sizes")."""
 
 GRAPH_BYTES_PER_STEP = 150 * 1024
 """Host bytes per simulated step of a captured graph on the CPU (its recorded launches; one
-graph covers the whole horizon, also in segments when they cannot share their graphs). On CUDA
-the graph lives in driver memory."""
+graph covers the whole horizon, also in segments when they cannot share their graphs), at
+least: :data:`HOST_BYTES_PER_STEP_ARRAY` per array of the step where that is more. On CUDA the
+graph lives in driver memory."""
+
+SEGMENT_HOST_BYTES_PER_STEP = 4 * 1024
+"""Host bytes per step of the horizon that a run in segments holds beyond the other terms, at
+least (calibrated on the cartpole at 4 worlds: from 2,000 to 10,000 steps in segments of about
+``sqrt(H)`` the measured peak grew by 3.9 KiB per step eager and 7.9 KiB captured, the other
+terms by 2.0 and 5.3; docs/reliability.md, "Sizes"); :data:`SEGMENT_HOST_BYTES_PER_STEP_ARRAY`
+per array of the step where that is more."""
+
+SEGMENT_HOST_BYTES_PER_STEP_ARRAY = 192
+""":data:`SEGMENT_HOST_BYTES_PER_STEP` per Warp array the env holds per step (the cartpole's 4 KiB
+over its 22 arrays, rounded up), for envs whose steps hold more (the swing-up)."""
 
 SEGMENT_GRAPH_KINDS = 3
 """Kinds of segment captured once each when segments share their graphs (the first, a middle
@@ -175,23 +197,30 @@ def _array_bytes(arrays: list[Any]) -> int:
     return total
 
 
-def probe_env_bytes(env_class: Any, env_config: Any, device: Any) -> tuple[float, float, float, float]:
-    """``(a, b, c, d)`` of the env's array bytes ``a + b W + S (c + d W)``, from four probe envs
-    of 1 and 2 worlds and 1 and 2 steps (no segments), built and dropped here."""
+def probe_env(env_class: Any, env_config: Any, device: Any) -> tuple[tuple[float, float, float, float], int]:
+    """``(a, b, c, d)`` of the env's array bytes ``a + b W + S (c + d W)``, and the Warp arrays
+    it holds per step, from four probe envs of 1 and 2 worlds and 1 and 2 steps (no segments),
+    built and dropped here."""
     import gc
 
-    size = {}
+    size, count = {}, {}
     for worlds in (1, 2):
         for steps in (1, 2):
             env = env_class(dataclasses.replace(env_config, world_count=worlds, horizon=steps), device=device)
-            size[worlds, steps] = _array_bytes(_walk_arrays(env))
-            del env
+            arrays = _walk_arrays(env)
+            size[worlds, steps], count[worlds, steps] = _array_bytes(arrays), len(arrays)
+            del env, arrays
     gc.collect()
     d = size[2, 2] - size[2, 1] - size[1, 2] + size[1, 1]
     c = size[1, 2] - size[1, 1] - d
     b = size[2, 1] - size[1, 1] - d
     a = size[1, 1] - b - c - d
-    return float(max(a, 0)), float(max(b, 0)), float(max(c, 0)), float(max(d, 0))
+    return (float(max(a, 0)), float(max(b, 0)), float(max(c, 0)), float(max(d, 0))), max(count[1, 2] - count[1, 1], 0)
+
+
+def probe_env_bytes(env_class: Any, env_config: Any, device: Any) -> tuple[float, float, float, float]:
+    """``(a, b, c, d)`` of :func:`probe_env`."""
+    return probe_env(env_class, env_config, device)[0]
 
 
 # -- the estimate ---------------------------------------------------------------------------------
@@ -207,6 +236,7 @@ def estimate_run(
     iterations: int,
     cuda: bool = False,
     probe: tuple[float, float, float, float] | None = None,
+    step_arrays: int = 0,
     segment_graphs: bool = False,
 ) -> Estimate:
     """The bytes a run needs (module docstring); without ``probe`` the env's own arrays are
@@ -220,7 +250,8 @@ def estimate_run(
         log_every: Rows of the device history.
         iterations: Iterations of the run.
         cuda: Whether the arrays live on a CUDA device.
-        probe: The env's ``(a, b, c, d)`` (:func:`probe_env_bytes`).
+        probe: The env's ``(a, b, c, d)`` (:func:`probe_env`).
+        step_arrays: The Warp arrays the env holds per step (:func:`probe_env`; 0: unknown).
         segment_graphs: The segments share their captured graphs
             (:func:`harness.memory.segment_graph_blocker` is None).
     """
@@ -241,9 +272,15 @@ def estimate_run(
         per_step = c + d * worlds
         taped = CAPTURED_STEP_FACTOR if capture else EAGER_STEP_FACTOR
         device["env"] = int(a + b * worlds + kept * per_step * taped + starts * per_step / 2)
+    per_arrays = HOST_BYTES_PER_STEP_ARRAY * step_arrays
     host = {
-        "tape": STEP_HOST_BYTES * kept,
-        "graph": GRAPH_BYTES_PER_STEP * graphed if capture and not cuda else 0,
+        "tape": max(STEP_HOST_BYTES, per_arrays) * kept,
+        "segments": (
+            max(SEGMENT_HOST_BYTES_PER_STEP, SEGMENT_HOST_BYTES_PER_STEP_ARRAY * step_arrays) * horizon
+            if segment_steps
+            else 0
+        ),
+        "graph": max(GRAPH_BYTES_PER_STEP, per_arrays) * graphed if capture and not cuda else 0,
         "history_readback": 4 * HISTORY_COLUMNS * log_every,
         "tallies": TALLY_BYTES_PER_ITERATION * iterations,
         "process": PROCESS_BYTES,
@@ -323,10 +360,10 @@ def check_memory(
     _refuse_if_too_big(estimate, env_config, device, make, suggest_segments=segmentable, loop=loop)
     if probe:
         try:
-            sizes = probe_env_bytes(env_class, dataclasses.replace(env_config, horizon=1, world_count=1), device)
+            sizes, step_arrays = probe_env(env_class, dataclasses.replace(env_config, horizon=1, world_count=1), device)
         except Exception:  # an env that cannot be built this small: the floor stands, the build reports
             return estimate
-        estimate = estimate_run(env_config, **common, probe=sizes)
+        estimate = estimate_run(env_config, **common, probe=sizes, step_arrays=step_arrays)
         _refuse_if_too_big(estimate, env_config, device, make, suggest_segments=segmentable, loop=loop)
     return estimate
 

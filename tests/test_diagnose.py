@@ -219,9 +219,10 @@ def _same_measures(one: list, other: list) -> None:
 
 def test_long_horizons_in_captured_segments_measure_what_one_tape_measures(tmp_path):
     """The cartpole in segments of 5 (the segment graphs, replayed) against one tape, bit for bit:
-    open-loop actions (one backward) and sysid's shared pole masses (a masked backward per start)."""
+    open-loop actions (one backward), and sysid's shared pole masses and a policy's weights (a
+    masked backward per start)."""
     from envs.cartpole import CartpoleConfig, CartpoleEnv
-    from harness.tasks import SystemId
+    from harness.tasks import Policy, SystemId
     from tests.helpers import UPRIGHT_TERMS
 
     done = run_harness(
@@ -234,6 +235,7 @@ def test_long_horizons_in_captured_segments_measure_what_one_tape_measures(tmp_p
     cases = {
         "open_loop": (OpenLoop(), WeightedLoss(UPRIGHT_TERMS), CartpoleConfig(world_count=3)),
         "sysid": (sysid, sysid.replace_loss(None), sysid.training_config(CartpoleConfig())),
+        "policy": (Policy(hidden=[8], action_scale=20.0), WeightedLoss(UPRIGHT_TERMS), CartpoleConfig(world_count=3)),
     }
     for name, (task, loss, env_config) in cases.items():
         found = {}
@@ -251,7 +253,7 @@ def test_long_horizons_in_captured_segments_measure_what_one_tape_measures(tmp_p
         _same_measures(tape.horizons, segments.horizons)
         assert np.array_equal(tape.adjoint_profile, segments.adjoint_profile), name
         assert all(h.grad_norm_median > 0 for h in tape.horizons), name
-    assert not tape.trust_rule.startswith("zo")  # the sysid case: a shared parameter, masked passes
+    assert not tape.trust_rule.startswith("zo")  # the policy case: shared parameters, masked passes
     # Training with diagnose.every sizes its measurement as the command does: the recording's 3
     # worlds, not diagnose.samples (which the recording would refuse).
     done = run_harness(

@@ -136,6 +136,34 @@ def _mem_available() -> int:
     return int(meminfo["MemAvailable"].split()[0]) * 1024
 
 
+def test_the_host_cost_per_step_follows_the_arrays_a_step_holds_and_the_segment_graphs():
+    """The swing-up's four Featherstone substeps hold about four times the cartpole's arrays per
+    step: its tape and graph are estimated per array, never below the floors calibrated on the
+    cartpole. Segments that share their captured graphs count three segments of graph, not the
+    horizon."""
+    from envs.cartpole import CartpoleConfig, CartpoleEnv
+    from envs.cartpole_swingup import CartpoleSwingupEnv, SwingupConfig
+
+    _, cartpole = limits.probe_env(CartpoleEnv, CartpoleConfig(world_count=1, horizon=1), "cpu")
+    _, swingup = limits.probe_env(CartpoleSwingupEnv, SwingupConfig(world_count=1, horizon=1), "cpu")
+    assert swingup > 3 * cartpole > 0
+    config = SwingupConfig(world_count=4, horizon=2000)
+    common = {"shapes": {"x": (1,)}, "capture": True, "log_every": 10, "iterations": 10}
+    for arrays in (cartpole, swingup):
+        parts = limits.estimate_run(config, segment_steps=None, step_arrays=arrays, **common).parts
+        per_step = max(limits.STEP_HOST_BYTES, limits.HOST_BYTES_PER_STEP_ARRAY * arrays)
+        assert parts["host/tape"] == per_step * 2000
+        assert parts["host/graph"] == max(limits.GRAPH_BYTES_PER_STEP, limits.HOST_BYTES_PER_STEP_ARRAY * arrays) * 2000
+    one, shared = (
+        limits.estimate_run(config, segment_steps=45, step_arrays=swingup, segment_graphs=graphs, **common).parts
+        for graphs in (False, True)
+    )
+    assert one["host/graph"] == 2000 * limits.HOST_BYTES_PER_STEP_ARRAY * swingup
+    assert shared["host/graph"] == 3 * 45 * limits.HOST_BYTES_PER_STEP_ARRAY * swingup
+    assert one["host/tape"] == shared["host/tape"]
+    assert one["host/segments"] == 2000 * limits.SEGMENT_HOST_BYTES_PER_STEP_ARRAY * swingup
+
+
 def test_available_memory_is_read_from_meminfo_and_never_above_it():
     # Other processes (the other test worker) change MemAvailable between two reads: it is
     # read before and after, and 5% allowed over the larger (a unit slip is a factor of 1024).

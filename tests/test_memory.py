@@ -14,7 +14,7 @@ from harness import build, config
 from harness.adjoint import AdjointClipper
 from harness.config import auto_segment_steps, resolve_segment_steps
 from harness.losses import WeightedLoss
-from harness.memory import segmented_forward_backward
+from harness.memory import SegmentGraphs, segmented_forward_backward
 from harness.tasks import OpenLoop, prepare, segment_bounds
 from harness.training.step import taped_rollout, zero_grads
 from tests.helpers import UPRIGHT_TERMS, make_trainer, rollout_results, run_harness
@@ -139,22 +139,33 @@ def test_model_gradients_accumulate_over_segments_like_the_full_tape():
     assert model and any(got[k].size and np.abs(got[k]).max() > 0 for k in model), model
 
 
-def port_gradients(name: str, extra: list[str], horizon: int) -> dict:
+def port_gradients(name: str, extra: list[str], horizon: int) -> list[dict]:
     """One forward + backward of a Newton port at its defaults (short horizon), through the
-    config as the command line builds it; full tape or segments (``extra``)."""
+    config as the command line builds it; full tape or segments (``extra``). In segments, also
+    the same replayed twice from the segment graphs (captured after the eager pass)."""
     cfg, choices = config.compose_config("train", [f"+env={name}", f"env.horizon={horizon}", "device=cpu", *extra])
     run = build.build_run(cfg, choices)
     env, task, loss = run.env, run.task, run.loss
     params = prepare(env, task, loss, device="cpu")
+
+    def results(trajectory, total) -> dict:
+        found = {"loss": total.numpy(), "parameter gradient": params.grad.numpy()}
+        found.update({f"observable {k}": v.numpy() for k, v in trajectory.items()})
+        return {k: np.array(v, copy=True) for k, v in found.items()}
+
     if env.segment_steps is None:
         tape, trajectory, total = taped_rollout(env, task, loss, params)
         tape.backward(total)
-    else:
-        zero_grads(env, loss, params)
-        _, trajectory, total = segmented_forward_backward(env, task, loss, params)
-    found = {"loss": total.numpy(), "parameter gradient": params.grad.numpy()}
-    found.update({f"observable {k}": v.numpy() for k, v in trajectory.items()})
-    return {k: np.array(v, copy=True) for k, v in found.items()}
+        return [results(trajectory, total)]
+    zero_grads(env, loss, params, task)
+    _, trajectory, total = segmented_forward_backward(env, task, loss, params)
+    found = [results(trajectory, total)]
+    graphs = SegmentGraphs(env, task, loss, params)
+    assert len(graphs.graphs) == 6  # the env reads the step from the device: one graph per kind of segment
+    for _ in range(2):
+        zero_grads(env, loss, params, task)
+        graphs.launch()
+    return [*found, results(graphs.trajectory, graphs.total)]
 
 
 @pytest.mark.parametrize(
@@ -162,7 +173,9 @@ def port_gradients(name: str, extra: list[str], horizon: int) -> dict:
     # horizons long enough for a non-zero gradient (the soft body reaches the wall late)
     [("ball", 20, 6), ("cloth", 20, 6), ("spring_cage", 30, 7), ("soft_body", 300, 70)],
 )
-def test_newton_ports_give_the_full_tapes_gradients_in_segments(name, horizon, segment_steps):
-    expected = port_gradients(name, [], horizon)
+def test_newton_ports_give_the_full_tapes_gradients_in_segments_and_segment_graphs(name, horizon, segment_steps):
+    (expected,) = port_gradients(name, [], horizon)
     assert np.abs(expected["parameter gradient"]).max() > 0
-    assert_same(expected, port_gradients(name, [f"memory.segment_steps={segment_steps}"], horizon))
+    eager, graphs = port_gradients(name, [f"memory.segment_steps={segment_steps}"], horizon)
+    assert_same(expected, eager)
+    assert_same(expected, graphs)

@@ -405,7 +405,7 @@ class TrainStep:
                     self._split_capture(params)
                 else:
                     self._tape, self.trajectory, _ = segmented_forward_backward(
-                        self.env, self.task, self.loss, params, adjoint=self.adjoint
+                        self.env, self.task, self.loss, params, adjoint=self.adjoint, keep=self._capturing
                     )
                 t1 = t0
             else:
