@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         _say(f"error: {command}: {line}", EXIT_USAGE)
     for sig, handler in previous.items():  # returned normally: a caller in Python gets its own back
         signal.signal(sig, handler)
+    record_signal(None)  # nothing of this command's signals reaches the caller's next one
 
 
 def _run(argv: list[str]) -> None:

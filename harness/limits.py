@@ -19,8 +19,9 @@ build an env of their own). A run's memory is, in bytes:
   their :data:`SEGMENT_GRAPH_KINDS` kinds of segment);
 - the task's own arrays: every parameter with its gradient, the update's copies and the
   optimizer's state (:data:`PARAMETER_COPIES` copies of the parameters, ``Task.flat_shapes``),
-  and each step's observation and action with their gradients (a policy's inputs and outputs,
-  kept for the whole horizon, and in segments one segment's more);
+  and, for a task that maps observations to actions, each step's observation and action with
+  their gradients (kept for the whole horizon, and in segments that share their graphs one
+  segment's more);
 - the device history of ``log_every`` rows (:data:`HISTORY_COLUMNS` columns), read back to the
   host, and the host tallies kept per iteration (:data:`TALLY_BYTES_PER_ITERATION`);
 - what the process still loads after the check (Newton, kernels, TensorBoard):
@@ -238,6 +239,7 @@ def estimate_run(
     probe: tuple[float, float, float, float] | None = None,
     step_arrays: int = 0,
     segment_graphs: bool = False,
+    step_io: bool = False,
 ) -> Estimate:
     """The bytes a run needs (module docstring); without ``probe`` the env's own arrays are
     left out and the result is a floor.
@@ -254,6 +256,9 @@ def estimate_run(
         step_arrays: The Warp arrays the env holds per step (:func:`probe_env`; 0: unknown).
         segment_graphs: The segments share their captured graphs
             (:func:`harness.memory.segment_graph_blocker` is None).
+        step_io: The task keeps every step's observation and action (a policy's inputs and
+            outputs, with their gradients): the whole horizon's, and in segments that share
+            their graphs one segment's more.
     """
     worlds, horizon = int(env_config.world_count), int(env_config.horizon)
     kept = int(segment_steps or horizon)
@@ -264,7 +269,7 @@ def estimate_run(
     device = {
         "parameters": PARAMETER_COPIES * 4 * sum(math.prod(shape) for shape in shapes.values()),
         "observables": 2 * 4 * observed * worlds * (horizon - kept if probe else horizon),
-        "step_inputs": 2 * 4 * per_step_io * worlds * (horizon + (kept if segment_steps else 0)),
+        "step_inputs": 2 * 4 * per_step_io * worlds * (horizon + (kept if segment_graphs else 0)) if step_io else 0,
         "history": 4 * HISTORY_COLUMNS * log_every,
     }
     if probe is not None:
@@ -339,6 +344,7 @@ def check_memory(
             "log_every": settings.log_every,
             "iterations": settings.iterations,
             "segment_graphs": steps is not None and _segments_share_graphs(env_class, run.task),
+            "step_io": _observes(run.task),
         }
     else:
         device = wp.get_device(check_device(cfg.get("device")))
@@ -366,6 +372,14 @@ def check_memory(
         estimate = estimate_run(env_config, **common, probe=sizes, step_arrays=step_arrays)
         _refuse_if_too_big(estimate, env_config, device, make, suggest_segments=segmentable, loop=loop)
     return estimate
+
+
+def _observes(task: Any) -> bool:
+    """Whether ``task`` maps observations to actions (it needs a :class:`harness.env.PolicyEnv`)
+    and so keeps every step's observation and action."""
+    from harness.env import PolicyEnv
+
+    return PolicyEnv in task.required_roles()
 
 
 def _segments_share_graphs(env_class: type, task: Any) -> bool:

@@ -22,7 +22,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from harness import config, init_warp, tags
-from harness.commands.common import Terminated, run_dir_override, run_hydra, system_errors_in_one_line
+from harness.commands.common import (
+    Terminated,
+    raise_if_signalled,
+    run_dir_override,
+    run_hydra,
+    system_errors_in_one_line,
+)
 
 __all__ = ["main", "train_command"]
 
@@ -45,6 +51,9 @@ def train_command(cfg: DictConfig) -> float:
         return _single_run(cfg, hydra_cfg, run_dir)
     from harness import sweep
 
+    # A signal a library turned into an error (the kernel cache warm-up, an earlier job) stops
+    # the sweep here, as a Ctrl-C between jobs does.
+    raise_if_signalled()
     label = _job_label(hydra_cfg)
     if hydra_cfg.output_subdir is None:  # a resumed sweep: Hydra left every job's .hydra/ alone
         _write_hydra_record(cfg, hydra_cfg, run_dir)
@@ -56,6 +65,7 @@ def train_command(cfg: DictConfig) -> float:
         sweep.record_outcome(hydra_cfg, run_dir, exc.status, exc.line)
         return math.nan
     except Exception as exc:  # a crash of this job: the sweep goes on (summary.json says what)
+        raise_if_signalled()  # unless it was a signal a library turned into an error
         line = f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         print(f"{label} {line}", file=sys.stderr, flush=True)
         sweep.record_outcome(hydra_cfg, run_dir, "failed", line)
