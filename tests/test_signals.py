@@ -4,6 +4,7 @@ real full disk."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -333,3 +334,33 @@ def test_a_signal_a_library_turns_into_its_own_error_still_exits_128_plus_the_si
     assert proc.returncode == 130, (proc.returncode, proc.stderr)
     line = one_line(proc.stderr)
     assert "interrupted by SIGINT" in line and "train" in line, line
+
+
+def test_a_signal_turned_into_an_error_inside_a_sweep_job_stops_the_sweep(tmp_path):
+    """The second job's env turns a real SIGINT into its own error while it is built: the sweep
+    stops there as on a Ctrl-C (one line, 130) instead of counting a failed job and going on."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "converting_env.py").write_text(
+        "import os, signal, time\n"
+        "from envs.cartpole import CartpoleEnv\n\n"
+        "class Env(CartpoleEnv):\n"
+        "    def __init__(self, *args, **kw):\n"
+        "        super().__init__(*args, **kw)\n"
+        "        if self.horizon == 7:\n"
+        "            try:\n"
+        "                os.kill(os.getpid(), signal.SIGINT)\n"
+        "                time.sleep(5)\n"
+        "            except KeyboardInterrupt:\n"
+        '                raise RuntimeError("a library\'s own error") from None\n'
+    )
+    env = {"PYTHONPATH": f"{tmp_path / 'code'}{os.pathsep}{ROOT}"}
+    sweep = tmp_path / "sweep"
+    proc = run_harness(
+        "train", "-m", "+env=cartpole", "env._target_=converting_env.Env", "env.horizon=6,7,8", "env.world_count=1",
+        "iterations=2", f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
+    stopped = [line for line in proc.stderr.splitlines() if "sweep interrupted by SIGINT" in line]
+    assert len(stopped) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert json.loads((sweep / "env.horizon=6" / "summary.json").read_text())["status"] == "finished"
+    assert not (sweep / "env.horizon=8").exists()  # no job ran after the signal

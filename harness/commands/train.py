@@ -61,6 +61,7 @@ def train_command(cfg: DictConfig) -> float:
     try:
         final = _train(cfg, hydra_cfg, run_dir, *_prepare(cfg, hydra_cfg, run_dir))
     except JobEnded as exc:
+        raise_if_signalled()  # a signal a library turned into the error that ended the job
         print(f"{label} {exc.line}", file=sys.stderr, flush=True)
         sweep.record_outcome(hydra_cfg, run_dir, exc.status, exc.line)
         return math.nan
