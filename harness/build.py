@@ -337,7 +337,7 @@ def diagnose_memory_config(cfg: DictConfig, choices: Mapping[str, Any], run: Run
 
     from omegaconf import open_dict
 
-    from harness.memory import task_acts_through_env
+    from harness.memory import shares_segment_graphs
 
     settings = run.diagnose
     probe = copy.deepcopy(cfg)
@@ -349,9 +349,8 @@ def diagnose_memory_config(cfg: DictConfig, choices: Mapping[str, Any], run: Run
         settings.segment_from is not None
         and longest >= settings.segment_from
         and run.settings.capture is not False
-        and getattr(env_class, "segment_graph", False)
         and env_class.segment_blocker(sized) is None
-        and task_acts_through_env(run.task)
+        and shares_segment_graphs(env_class, run.task)
     )
     with open_dict(probe):
         probe.env.world_count = sized.world_count

@@ -8,7 +8,7 @@ build an env of their own). A run's memory is, in bytes:
   segments, one values-only copy of the state per segment start, ``(ceil(H / K) - 1) (c + d W) / 2``,
   and the observables of the steps outside the segment. ``a, b, c, d`` are measured, not
   assumed: four probe envs of 1 and 2 worlds and 1 and 2 steps are built and the bytes of
-  every Warp array (and gradient) they hold are summed (:func:`probe_env_bytes`); ``f`` is what
+  every Warp array (and gradient) they hold are summed (:func:`probe_env`); ``f`` is what
   a taped rollout adds to them (:data:`EAGER_STEP_FACTOR`, :data:`CAPTURED_STEP_FACTOR`);
 - host memory per taped step, whatever the world count (:data:`STEP_HOST_BYTES`, or
   :data:`HOST_BYTES_PER_STEP_ARRAY` per array the env holds per step where that is more: the
@@ -54,7 +54,6 @@ __all__ = [
     "estimate_run",
     "format_bytes",
     "probe_env",
-    "probe_env_bytes",
 ]
 
 
@@ -219,11 +218,6 @@ def probe_env(env_class: Any, env_config: Any, device: Any) -> tuple[tuple[float
     return (float(max(a, 0)), float(max(b, 0)), float(max(c, 0)), float(max(d, 0))), max(count[1, 2] - count[1, 1], 0)
 
 
-def probe_env_bytes(env_class: Any, env_config: Any, device: Any) -> tuple[float, float, float, float]:
-    """``(a, b, c, d)`` of :func:`probe_env`."""
-    return probe_env(env_class, env_config, device)[0]
-
-
 # -- the estimate ---------------------------------------------------------------------------------
 
 
@@ -328,6 +322,7 @@ def check_memory(
 
     from harness import init_warp
     from harness.config import ConfigError, check_device, check_env_fields
+    from harness.memory import shares_segment_graphs
 
     env_class, fields = check_env_fields(cfg)
     if env_config is None:
@@ -343,7 +338,7 @@ def check_memory(
             "capture": settings.capture is not False,
             "log_every": settings.log_every,
             "iterations": settings.iterations,
-            "segment_graphs": steps is not None and _segments_share_graphs(env_class, run.task),
+            "segment_graphs": steps is not None and shares_segment_graphs(env_class, run.task),
             "step_io": _observes(run.task),
         }
     else:
@@ -380,14 +375,6 @@ def _observes(task: Any) -> bool:
     from harness.env import PolicyEnv
 
     return PolicyEnv in task.required_roles()
-
-
-def _segments_share_graphs(env_class: type, task: Any) -> bool:
-    """Whether a captured segmented run of this env and task replays the segment graphs
-    (:func:`harness.memory.segment_graph_blocker`, decided here before any env exists)."""
-    from harness.memory import task_acts_through_env
-
-    return bool(getattr(env_class, "segment_graph", False)) and task_acts_through_env(task)
 
 
 def _refuse_if_too_big(

@@ -50,7 +50,7 @@ from harness.env import Env, Trajectory
 from harness.params import ParamSet
 from harness.tasks import OpenLoop, Task, rollout, rollout_segment, segment_bounds
 
-__all__ = ["SegmentGraphs", "segment_graph_blocker", "segmented_forward_backward"]
+__all__ = ["SegmentGraphs", "segment_graph_blocker", "segmented_forward_backward", "shares_segment_graphs"]
 
 
 def task_acts_through_env(task: Task) -> bool:
@@ -65,6 +65,13 @@ def task_acts_through_env(task: Task) -> bool:
     if sysid is not None:
         acts.add(sysid.SystemId.act)
     return type(task).act in acts
+
+
+def shares_segment_graphs(env: Env | type, task: Task) -> bool:
+    """Whether segments of this env (an instance or, before one exists, its class) and task
+    can share their captured graphs: the env reads the step from the device and the task's
+    per-step launches are the env's (:func:`segment_graph_blocker` says which is missing)."""
+    return bool(getattr(env, "segment_graph", False)) and task_acts_through_env(task)
 
 
 def segment_graph_blocker(env: Env, task: Task) -> str | None:

@@ -125,7 +125,7 @@ def test_the_probe_envs_predict_the_arrays_a_bigger_env_holds(cartpole_run):
 
     cfg, _ = cartpole_run
     env_class, fields = check_env_fields(cfg)
-    a, b, c, d = limits.probe_env_bytes(env_class, fields, "cpu")
+    (a, b, c, d), _ = limits.probe_env(env_class, fields, "cpu")
     env = env_class(dataclasses.replace(fields, world_count=8, horizon=30), device="cpu")
     held = limits._array_bytes(limits._walk_arrays(env))
     assert held == pytest.approx(a + b * 8 + 30 * (c + d * 8), rel=0.02)
