@@ -12,6 +12,7 @@ creates a folder. Everything below this module receives plain Python objects; th
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -284,6 +285,11 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
         if resume not in (None, "auto"):
             raise ConfigError(
                 "resume: a checkpoint path cannot be shared by the jobs of a multirun; accepted: null, auto"
+            )
+        if choices.get("hydra/launcher") == "ray" and importlib.util.find_spec("ray") is None:
+            raise ConfigError(
+                "hydra/launcher=ray: Ray is not installed; accepted: pip install -e '.[ray]', or another "
+                "launcher (joblib, submitit_local, submitit_slurm)"
             )
         return None
     folder = None if resume is None else check_resume(str(resume), given.get("hydra.run.dir"), cfg, run)

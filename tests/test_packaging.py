@@ -39,6 +39,7 @@ def test_the_built_wheel_installs_into_a_fresh_venv_and_trains_from_another_fold
     configs = {p.relative_to(ROOT / "configs").as_posix() for p in (ROOT / "configs").rglob("*.yaml")}
     assert {n.removeprefix("harness/configs/") for n in names if n.startswith("harness/configs/")} == configs
     assert "envs/cartpole.py" in names and not any(n.startswith("configs/") for n in names)
+    assert "hydra_plugins/harness_ray_launcher/ray_launcher.py" in names  # hydra/launcher=ray
 
     # A fresh venv that sees this one's third-party packages (a .pth line adds the folder
     # without running its .pth files, so this checkout's editable install stays out), and
@@ -53,7 +54,10 @@ def test_the_built_wheel_installs_into_a_fresh_venv_and_trains_from_another_fold
         check=True,
     ).stdout.strip()
     Path(site, "shared_packages.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # --ignore-installed: pip sees this checkout's editable install through the .pth line and
+    # would keep it as "already installed"; nothing is uninstalled anywhere.
     install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index"]
+    install.append("--ignore-installed")
     subprocess.run([*install, str(wheel)], check=True, capture_output=True, timeout=300)
 
     work = tmp_path / "work"
