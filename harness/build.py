@@ -436,6 +436,37 @@ def evaluation_config(cfg: DictConfig, task_class: Any = None) -> None:
                 cfg.task[key] = None
 
 
+def episode_evaluator(cfg: DictConfig, choices: Mapping[str, Any] | None) -> tuple[Any, str | None]:
+    """For a policy task (one with settings that only shape training, :attr:`harness.tasks.Task.training_only`:
+    ``task=policy``, ``task=shac``), what rolls out whole episodes from the env's own starts
+    while it trains (:class:`harness.training.Episodes`): the run's config as ``harness evaluate``
+    builds it (:func:`evaluation_config`), its own env, task, loss and state. Other tasks: None.
+
+    Returns:
+        The evaluator (or None), and why a policy run gets none: its episodes would not fit in
+        the memory left (checked as ``harness evaluate`` checks it), or they cannot be built.
+    """
+    import copy
+
+    from harness import limits
+    from harness.training import Episodes
+
+    klass = task_class(cfg)
+    if not getattr(klass, "training_only", ()):
+        return None, None
+    probe = copy.deepcopy(cfg)
+    evaluation_config(probe, klass)
+    try:
+        run = validate(probe, choices)
+        env_config = run.task.evaluation_config(check_env_fields(probe)[1])
+        limits.check_memory(probe, run, env_config=env_config, training=False)
+        run = build_run(probe, choices, evaluation=True)
+        trainer = run.trainer()
+    except (ConfigError, ValueError) as exc:
+        return None, first_line(exc)
+    return Episodes(run.env, run.task, run.loss, trainer.step.state), None
+
+
 @dataclasses.dataclass
 class TrainedRun:
     """A run rebuilt from its folder with a checkpoint loaded (:func:`trained_run`).
