@@ -465,7 +465,7 @@ EPISODE_TAGS = {
     "loss": tags.EPISODE_LOSS,
 }
 """Which figures of :class:`Episodes` go to TensorBoard, under which tag."""
-EPISODE_POINTS = 20
+EPISODE_POINTS = 10
 """About how many evaluations a run makes between its first and its last (at log steps)."""
 
 
