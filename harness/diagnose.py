@@ -830,7 +830,7 @@ def draw_diagnosis(diagnosis: Diagnosis, path: str | Path) -> None:
     ax_snr.axhline(
         diagnosis.settings["snr_min"], color="gray", ls="--", lw=1, label=f"snr_min {diagnosis.settings['snr_min']:g}"
     )
-    _log_axes(ax_snr, snr, snr_batch if judged else snr)
+    _log_axes(ax_snr, snr, *([snr_batch] if judged else []))
     title = "signal-to-noise ratio |mean g| / rms(g - mean g)"
     if not judged:
         title += "\n(reported, not in the rule: every world trains its own parameters)"
