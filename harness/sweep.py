@@ -291,10 +291,20 @@ def launch_on_ray(
     Path(str(config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     if not ray.is_initialized():
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        ray.init(**(OmegaConf.to_container(ray_cfg.init, resolve=True) or {}))
-        for sig, handler in handlers.items():  # ray.init installs a SIGTERM handler of its own
-            if handler is not None:
-                signal.signal(sig, handler)
+        init = OmegaConf.to_container(ray_cfg.init, resolve=True) or {}
+        try:
+            ray.init(**init)
+        except Exception as exc:  # a cluster that is not there, or that refused the connection
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+            raise ConnectionError(
+                f"hydra.launcher.ray.init.address: Ray at {init.get('address')!r} did not take the sweep "
+                f"({type(exc).__name__}: {lines[-1]}); accepted: the address of a running cluster (auto, "
+                "HOST:6379, ray://HOST:10001), or null for a private Ray on this machine"
+            ) from None
+        finally:
+            for sig, handler in handlers.items():  # ray.init installs a SIGTERM handler of its own
+                if handler is not None:
+                    signal.signal(sig, handler)
     options = ray_remote_options(ray_cfg.get("remote"))
     remote = ray.remote(**options)(ray_job) if options else ray.remote(ray_job)
     started = time.time()

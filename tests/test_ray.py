@@ -60,7 +60,9 @@ class Cluster:
         self.holder: subprocess.Popen | None = None
         self.head: subprocess.Popen | None = None
         self.worker: subprocess.Popen | None = None
-        self.env = harness_env({"RAY_USAGE_STATS_ENABLED": "0"})
+        # RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S: the head's Ray Client proxy gives the server it
+        # starts for each client 30 s to come up, which a loaded 2-core machine can miss.
+        self.env = harness_env({"RAY_USAGE_STATS_ENABLED": "0", "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": "180"})
 
     @property
     def enter(self) -> list[str]:
@@ -126,6 +128,9 @@ class Cluster:
         return found
 
     def stop(self) -> None:
+        with contextlib.suppress(OSError):  # Ray's own logs stay with the test's other files
+            logs = self.temp / "session_latest" / "logs"
+            shutil.copytree(logs, self.root / "ray-logs", ignore_dangling_symlinks=True)
         for pid in self.processes():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -203,6 +208,11 @@ def summaries(sweep: Path) -> dict[str, dict]:
 def running(sweep: Path) -> list[str]:
     """The job folders whose job has started training (its resolved config is written)."""
     return sorted(path.parent.name for path in sweep.glob("*/config.yaml"))
+
+
+def checkpointed(sweep: Path) -> set[str]:
+    """The job folders that hold a checkpoint."""
+    return {path.parent.parent.name for path in sweep.glob("*/checkpoints/*.hckpt")}
 
 
 def own_lines(out: str) -> list[str]:
@@ -289,7 +299,7 @@ def test_ctrl_c_stops_the_jobs_on_the_cluster_each_with_its_checkpoint(two_nodes
         "train", "-m", *args, *RAY_SWEEP, f"hydra.sweep.dir={sweep}", cwd=tmp_path, out=tmp_path / "out"
     )
     try:
-        wait_for(lambda: len(list(sweep.glob("*/checkpoints/*.hckpt"))) >= 2, 180, "both nodes' jobs to checkpoint")
+        wait_for(lambda: len(checkpointed(sweep)) >= 2, 180, "a checkpoint of the job on each node")
         os.killpg(driver.pid, signal.SIGINT)  # the terminal's Ctrl-C: the launching process's group
         code = driver.wait(timeout=180)
     finally:
