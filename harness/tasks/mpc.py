@@ -19,8 +19,8 @@ One training iteration is one *frame* (control step) of a real system beside the
    to its goal is recorded.
 
 A plan is ``knots + 1`` control points of the env's actions, linearly interpolated over the
-rollout's ``horizon`` steps (``horizon / knots`` steps between points; the last point is only
-ever reached by interpolation): the example's 3 + 1 points 10 steps apart.
+rollout's ``horizon`` steps (``horizon / knots`` steps between points, not necessarily a whole
+number; the last point is only reached by interpolation): the example's 3 + 1 points 10 steps apart.
 
 ``loss/total`` of a frame is the best plan's cost (the lowest world cost of the last inner
 rollout, what the example prints), as is ``mpc/best_cost``; ``summary.json``'s ``final_loss``
@@ -207,6 +207,11 @@ def _record_frame(
             flight[f + 1, b] = pose[b]
 
 
+def _components(array: wp.array) -> wp.array:
+    """A float32 alias of an array of vectors or transforms (the same memory), as checkpoints store them."""
+    return array if array.dtype is wp.float32 else array.view(wp.float32)
+
+
 class MPC(Task):
     """Model-predictive control of the env's real system (module docstring).
 
@@ -250,11 +255,6 @@ class MPC(Task):
     def check(self, config: EnvConfig) -> None:
         if config.action_dim() < 1:
             raise ValueError("task: mpc plans actions, and this env takes none")
-        if config.horizon % self.args.knots:
-            raise ValueError(
-                f"task.knots: {self.args.knots} does not divide env.horizon={config.horizon}; accepted: a divisor "
-                f"of {config.horizon}"
-            )
         lower, upper = self.bounds(config)
         if not lower <= upper:
             raise ValueError(f"task.lower: {lower:g} is above task.upper {upper:g}; accepted: lower <= upper")
@@ -296,13 +296,15 @@ class MPC(Task):
             env.reset_plant()
             flight = wp.zeros((frames + 1, pose.shape[0]), dtype=wp.transform, device=device)
             wp.copy(flight[0], pose)
+            self._flight = flight
             self._state = {
                 "best_plan": wp.zeros((1, points, dim), dtype=wp.float32, device=device),
                 "distances": wp.full(frames, math.nan, dtype=wp.float32, device=device),
                 "best_costs": wp.full(frames, math.nan, dtype=wp.float32, device=device),
-                "flight": flight,
-                **{f"plant/{name}": array for name, array in env.plant_state().items()},
-                **{f"initial/{name}": array for name, array in env.initial_state().items()},
+                # checkpoints hold float32 arrays: transforms and spatial vectors as their components
+                "flight": _components(flight),
+                **{f"plant/{name}": _components(array) for name, array in env.plant_state().items()},
+                **{f"initial/{name}": _components(array) for name, array in env.initial_state().items()},
             }
             self._best_cost = wp.full(1, math.nan, dtype=wp.float32, device=device)
             self._distance = wp.full(1, math.nan, dtype=wp.float32, device=device)
@@ -339,9 +341,10 @@ class MPC(Task):
 
     def act(self, env: Env, params: ParamSet, t: int) -> None:
         actions = self.buffers(env)["actions"]
-        per_point = env.horizon // self.args.knots
+        # step t in control-point units (t / 10 for the example's 3 knots over 30 steps, exactly)
+        at = t * self.args.knots / env.horizon
         wp.launch(
-            _interpolate, dim=(env.world_count, actions.shape[2]), inputs=[params["plans"], t / per_point],
+            _interpolate, dim=(env.world_count, actions.shape[2]), inputs=[params["plans"], at],
             outputs=[actions, t], device=env.device,
         )  # fmt: skip
         env.act(t, actions)
@@ -408,7 +411,7 @@ class MPC(Task):
         env.plant_error(self._distance)
         wp.launch(
             _record_frame, dim=1, inputs=[frame, self._distance, self._best_cost, env.plant_pose()],
-            outputs=[state["distances"], state["best_costs"], state["flight"]], device=env.device,
+            outputs=[state["distances"], state["best_costs"], self._flight], device=env.device,
         )  # fmt: skip
 
     # -- what it reports ------------------------------------------------------------------------
@@ -457,4 +460,4 @@ class MPC(Task):
                 step.capture()
             step.run()
         cost, figures = self.final_evaluation(step)
-        return cost, figures, self._state["flight"].numpy().reshape(frames + 1, -1, 7)
+        return cost, figures, self._flight.numpy().reshape(frames + 1, -1, 7)
