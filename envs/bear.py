@@ -71,7 +71,11 @@ class BearConfig(NewtonEnvConfig):
                 f"env.horizon: {self.horizon} is not env.frames x env.substeps = {self.frames * self.substeps}; "
                 "accepted: leave env.horizon as the config sets it (${harness.mul:${env.frames},${env.substeps}})"
             )
-        if importlib.util.find_spec("pxr") is None:
+        try:
+            found = importlib.util.find_spec("pxr")
+        except ImportError:  # a finder that refuses it
+            found = None
+        if found is None:
             raise SchemaError(
                 "env: bear reads bear.usd with Pixar's usd-core (module pxr), which is not installed; "
                 "accepted: pip install usd-core (the project's own set-up installs it)"
