@@ -60,16 +60,16 @@ class BearConfig(NewtonEnvConfig):
 
     frames: int = field(300, minimum=1, doc="frames of 1/60 s (the example's --sim-steps)")
     substeps: int = field(80, minimum=1, doc="simulation steps per frame")
-    horizon: int = field(24000, minimum=1, doc="simulation steps: frames x substeps")
+    horizon: int = field(24000, minimum=1, doc="simulation steps: frames x substeps (the memory check probes fewer)")
     world_count: int = field(1, minimum=1, maximum=1, doc="one bear (the network's weights are the bear's)")
     frame_dt: float = field(1.0 / 60.0, minimum=0.0, strict=True, doc="length of a frame [s]")
     phase_frequency: float = field(5.0, doc="angular frequency of the phases [rad/s]")
 
     def __post_init__(self) -> None:
-        if self.horizon != self.frames * self.substeps:
+        if self.horizon > self.frames * self.substeps:
             raise SchemaError(
-                f"env.horizon: {self.horizon} is not env.frames x env.substeps = {self.frames * self.substeps}; "
-                "accepted: leave env.horizon as the config sets it (${harness.mul:${env.frames},${env.substeps}})"
+                f"env.horizon: {self.horizon} is more than env.frames x env.substeps = {self.frames * self.substeps}; "
+                "accepted: env.frames x env.substeps, as the config sets it (a shorter horizon ends inside the frames)"
             )
         try:
             found = importlib.util.find_spec("pxr")
