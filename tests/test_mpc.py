@@ -45,10 +45,10 @@ def scalars(run_dir, tag: str) -> np.ndarray:
 
 
 def test_drone_frames_match_newtons_example_bit_for_bit(tmp_path):
-    frames = 12
+    frames = 100  # the example's own --num-frames
     reference = example_costs(frames)
     run_dir = tmp_path / "run"
-    build_run(*compose_run("+env=drone", *EXAMPLE, f"iterations={frames}", "log_every=4", "device=cpu")).trainer().fit(
+    build_run(*compose_run("+env=drone", *EXAMPLE, f"iterations={frames}", "log_every=10", "device=cpu")).trainer().fit(
         run_dir
     )
     ours = scalars(run_dir, "loss/total")
@@ -59,7 +59,7 @@ def test_drone_frames_match_newtons_example_bit_for_bit(tmp_path):
     assert summary["final_loss"] == float(reference[-1])  # the best plan's cost at the last frame
     # per frame: the real drone's distance to its target and the inner steps' norms
     distance = scalars(run_dir, "mpc/distance_to_target")
-    assert len(distance) == frames and distance[-1] < distance[0] < 1.2
+    assert len(distance) == frames and distance[-1] < 0.1 < 1.1 < distance[0] < 1.2
     pre, post = scalars(run_dir, "mpc/grad_norm_pre_max"), scalars(run_dir, "mpc/grad_norm_post_max")
     assert len(pre) == frames and (pre > 0).all()
     np.testing.assert_array_equal(pre, post)  # the drone's default: no clip, as the example

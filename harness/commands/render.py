@@ -168,12 +168,11 @@ def _render_flight(trained: Any, out: Path, *, frames: int | None, fps: int, spe
     )
 
     env = trained.run.env
-    check_writable_or_fail = out / FLIGHT
-    if out.is_dir():
+    if out.is_dir():  # refused before the replay, not after (the video was checked by the caller)
         from harness.runs import check_writable
 
         try:
-            check_writable(check_writable_or_fail)
+            check_writable(out / FLIGHT)
         except OutputError as exc:
             raise OutputError(f"render: {exc}") from None
     _, figures, poses = trained.run.task.replay(trained.trainer)
