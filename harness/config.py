@@ -29,8 +29,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.schema import field
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-"""The config groups shipped inside the package (``harness/configs/``)."""
+_PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
+_CHECKOUT_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = _PACKAGED_CONFIGS if (_PACKAGED_CONFIGS / "train.yaml").is_file() else _CHECKOUT_CONFIGS
+"""The config groups: the checkout's top-level ``configs/``; an installed wheel carries the
+same files as ``harness/configs/`` (``setup.py``), which is found first."""
 
 CONFIG_PATH_VARIABLE = "HARNESS_CONFIG_PATH"
 """Environment variable naming further config folders (``os.pathsep``-separated), searched
@@ -115,8 +118,9 @@ class DiagnoseSettings:
         zo_scale: Their standard deviation, in multiples of each parameter's finite-difference step.
         fd_directions: Random directions of the central-difference check.
         fd_scale: Its step along a direction, in multiples of the finite-difference steps.
-        snr_min: A horizon is trusted when its snr is at least this (a shared parameter only:
-            where every world trains its own, a batch averages nothing) ...
+        snr_min: A horizon is trusted when the snr of a training batch's mean gradient
+            (``snr_batch``) is at least this (a shared parameter only: where every world
+            trains its own, a batch averages nothing) ...
         zo_cosine_min: ... and its zo_cosine at least this.
         seed: Seeds the perturbations, the directions and a policy's drawn starts.
     """
