@@ -1,0 +1,120 @@
+"""SHAC's training wall time against the torch calibration, run back to back on this CPU.
+
+For every seed, in turn: the harness's default swing-up, ``python -m harness train
++env=cartpole_swingup task=shac seed=S`` (500 iterations of 32 steps x 64 worlds), then the
+calibration (``/work/shared/tools/shac_calibration.py S``: the same SHAC in torch on one thread,
+analytic cart-pole dynamics, 500 epochs), each as its own process, timed from start to exit.
+With ``--balance`` it also trains the double-pendulum balance (``+env=cartpole task=shac``,
+1000 iterations of 128 steps x 32 worlds), which has no calibration: its figure is its wall
+time against the 4-minute target.
+
+Prints, per run, the process's wall time and the training loop's own (``wall_time_s`` in the
+run's ``summary.json``; the calibration's printed ``wall``), the final evaluation's upright
+fraction where the run reports one, and the machine's load (``os.getloadavg()``) before and
+after; then the ratio of the harness's total to the calibration's. The two run back to back,
+alternating, so both see the same load as far as that is possible on a shared machine.
+
+Run::
+
+    .venv/bin/python scripts/bench_shac.py --seeds 0 1 2 [--balance] [--out /tmp/bench_shac]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CALIBRATION = Path("/work/shared/tools/shac_calibration.py")
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def timed(command: list[str], log: Path) -> tuple[float, str]:
+    """Run ``command`` with its output in ``log``; its wall time and its last output line."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    start = time.perf_counter()
+    with log.open("w") as out:
+        done = subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+    wall = time.perf_counter() - start
+    lines = log.read_text().strip().splitlines()
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}); see {log}")
+    return wall, lines[-1] if lines else ""
+
+
+def harness_run(args: list[str], folder: Path) -> dict:
+    command = [sys.executable, "-m", "harness", "train", *args, f"hydra.run.dir={folder}", "overwrite=true"]
+    before = load()
+    wall, _ = timed(command, folder.parent / f"{folder.name}.log")
+    summary = json.loads((folder / "summary.json").read_text())
+    figures = summary.get("after_training", {})
+    upright = figures.get("upright_fraction")
+    return {"wall": wall, "loop": summary.get("wall_time_s"), "upright": upright, "load": f"{before} -> {load()}"}
+
+
+def calibration_run(path: Path, seed: int, iterations: int, log: Path) -> dict:
+    before = load()
+    wall, last = timed([sys.executable, str(path), str(seed), str(iterations)], log)
+    reported = json.loads(last)
+    return {"wall": wall, "loop": reported["wall"], "upright": None, "load": f"{before} -> {load()}"}
+
+
+def row(name: str, seed: int, found: dict) -> str:
+    loop = f"{found['loop']:.1f}" if found["loop"] is not None else "-"
+    upright = f"{found['upright']:.2f}" if found["upright"] is not None else "-"
+    return f"| {name} | {seed} | {found['wall']:.1f} | {loop} | {upright} | {found['load']} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument(
+        "--iterations", type=int, default=500, help="the swing-up's iterations and the calibration's epochs"
+    )
+    parser.add_argument("--calibration", type=Path, default=CALIBRATION)
+    parser.add_argument("--balance", action="store_true", help="also train +env=cartpole task=shac per seed")
+    parser.add_argument("--no-calibration", action="store_true", help="time the harness only")
+    parser.add_argument("--out", type=Path, default=None, help="run folders and logs (default: a temporary folder)")
+    args = parser.parse_args()
+    if not args.no_calibration and not args.calibration.exists():
+        raise SystemExit(f"--calibration: {args.calibration} does not exist; accepted: the path of shac_calibration.py")
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench_shac_"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"runs in {out}; cpu count {os.cpu_count()}; load {load()}", flush=True)
+    print(
+        "| run | seed | process wall s | training loop s | upright | load before -> after |\n|---|---|---|---|---|---|"
+    )
+    totals = {"harness": 0.0, "calibration": 0.0}
+    for seed in args.seeds:
+        swing = [
+            "+env=cartpole_swingup", "task=shac", f"seed={seed}", f"iterations={args.iterations}",
+        ]  # fmt: skip
+        found = harness_run(swing, out / f"swingup_{seed}")
+        totals["harness"] += found["wall"]
+        print(row("harness swing-up", seed, found), flush=True)
+        if not args.no_calibration:
+            found = calibration_run(args.calibration, seed, args.iterations, out / f"calibration_{seed}.log")
+            totals["calibration"] += found["wall"]
+            print(row("calibration (torch, 1 thread)", seed, found), flush=True)
+        if args.balance:
+            found = harness_run(["+env=cartpole", "task=shac", f"seed={seed}"], out / f"balance_{seed}")
+            print(row("harness balance", seed, found), flush=True)
+    if not args.no_calibration:
+        ratio = totals["harness"] / totals["calibration"]
+        print(
+            f"\nswing-up, {len(args.seeds)} seed(s): harness {totals['harness']:.1f} s, calibration "
+            f"{totals['calibration']:.1f} s: {ratio:.2f}x (target 1.25x, aim 1.0x); load now {load()}"
+        )
+
+
+if __name__ == "__main__":
+    main()
