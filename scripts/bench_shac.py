@@ -15,9 +15,13 @@ calibration's. Whether the policies swing up is scripts/shac_study.py's question
 starts over twice the episode); the calibration prints its own upright share in its log. The two run back to back,
 alternating, so both see the same load as far as that is possible on a shared machine.
 
+``--before TREE`` also trains every run with the harness of another checkout (an export of an
+older commit, ``git archive COMMIT | tar -x -C TREE``), right before this tree's: a before and
+after measured in the same run.
+
 Run::
 
-    .venv/bin/python scripts/bench_shac.py --seeds 0 1 2 [--balance] [--out /tmp/bench_shac]
+    .venv/bin/python scripts/bench_shac.py --seeds 0 1 2 [--balance] [--before /tmp/base] [--out /tmp/bench_shac]
 """
 
 from __future__ import annotations
@@ -39,12 +43,13 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def timed(command: list[str], log: Path) -> tuple[float, str]:
-    """Run ``command`` with its output in ``log``; its wall time and its last output line."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+def timed(command: list[str], log: Path, tree: Path = ROOT) -> tuple[float, str]:
+    """Run ``command`` in ``tree`` (its harness first on the path) with its output in ``log``;
+    its wall time and its last output line."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     start = time.perf_counter()
     with log.open("w") as out:
-        done = subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+        done = subprocess.run(command, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
     wall = time.perf_counter() - start
     lines = log.read_text().strip().splitlines()
     if done.returncode != 0:
@@ -52,10 +57,10 @@ def timed(command: list[str], log: Path) -> tuple[float, str]:
     return wall, lines[-1] if lines else ""
 
 
-def harness_run(args: list[str], folder: Path) -> dict:
+def harness_run(args: list[str], folder: Path, tree: Path = ROOT) -> dict:
     command = [sys.executable, "-m", "harness", "train", *args, f"hydra.run.dir={folder}", "overwrite=true"]
     before = load()
-    wall, _ = timed(command, folder.parent / f"{folder.name}.log")
+    wall, _ = timed(command, folder.parent / f"{folder.name}.log", tree)
     summary = json.loads((folder / "summary.json").read_text())
     return {"wall": wall, "loop": summary.get("wall_time_s"), "load": f"{before} -> {load()}"}
 
@@ -81,6 +86,7 @@ def main() -> None:
     parser.add_argument("--calibration", type=Path, default=CALIBRATION)
     parser.add_argument("--balance", action="store_true", help="also train +env=cartpole task=shac per seed")
     parser.add_argument("--no-calibration", action="store_true", help="time the harness only")
+    parser.add_argument("--before", type=Path, default=None, help="another harness checkout, timed first")
     parser.add_argument("--out", type=Path, default=None, help="run folders and logs (default: a temporary folder)")
     args = parser.parse_args()
     if not args.no_calibration and not args.calibration.exists():
@@ -89,11 +95,17 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"runs in {out}; cpu count {os.cpu_count()}; load {load()}", flush=True)
     print("| run | seed | process wall s | training loop s | load before -> after |\n|---|---|---|---|---|")
-    totals = {"harness": 0.0, "calibration": 0.0}
+    if args.before is not None and not (args.before / "harness" / "__init__.py").exists():
+        raise SystemExit(f"--before: {args.before} holds no harness package; accepted: a checkout of this repository")
+    totals = {"before": 0.0, "harness": 0.0, "calibration": 0.0}
     for seed in args.seeds:
         swing = [
             "+env=cartpole_swingup", "task=shac", f"seed={seed}", f"iterations={args.iterations}",
         ]  # fmt: skip
+        if args.before is not None:
+            found = harness_run(swing, out / f"before_swingup_{seed}", args.before)
+            totals["before"] += found["wall"]
+            print(row("before: harness swing-up", seed, found), flush=True)
         found = harness_run(swing, out / f"swingup_{seed}")
         totals["harness"] += found["wall"]
         print(row("harness swing-up", seed, found), flush=True)
@@ -102,14 +114,21 @@ def main() -> None:
             totals["calibration"] += found["wall"]
             print(row("calibration (torch, 1 thread)", seed, found), flush=True)
         if args.balance:
-            found = harness_run(["+env=cartpole", "task=shac", f"seed={seed}"], out / f"balance_{seed}")
+            balance = ["+env=cartpole", "task=shac", f"seed={seed}"]
+            if args.before is not None:
+                found = harness_run(balance, out / f"before_balance_{seed}", args.before)
+                print(row("before: harness balance", seed, found), flush=True)
+            found = harness_run(balance, out / f"balance_{seed}")
             print(row("harness balance", seed, found), flush=True)
+    print()
     if not args.no_calibration:
-        ratio = totals["harness"] / totals["calibration"]
-        print(
-            f"\nswing-up, {len(args.seeds)} seed(s): harness {totals['harness']:.1f} s, calibration "
-            f"{totals['calibration']:.1f} s: {ratio:.2f}x (target 1.25x, aim 1.0x); load now {load()}"
-        )
+        for name in ("before", "harness") if args.before is not None else ("harness",):
+            ratio = totals[name] / totals["calibration"]
+            print(
+                f"swing-up, {len(args.seeds)} seed(s): {name} {totals[name]:.1f} s, calibration "
+                f"{totals['calibration']:.1f} s: {ratio:.2f}x (target 1.25x, aim 1.0x)"
+            )
+    print(f"load now {load()}")
 
 
 if __name__ == "__main__":
