@@ -139,19 +139,7 @@ def _lane_sum(out: str, expr: str, n: int) -> str:
     pairwise (lane ``q`` and ``q + 8``, then ``q + 4``, ...): a fixed order the compiler vectorises,
     and a short dependency chain (adding 16 partial sums one after another took longer than
     the 64 products)."""
-    full = n - n % LANES
-    lines = [
-        f"float {out}; {{ float part[{LANES}]; for (int q = 0; q < {LANES}; ++q) part[q] = 0.0f;",
-        f"for (int j0 = 0; j0 < {full}; j0 += {LANES}) for (int q = 0; q < {LANES}; ++q) {{ const int j = j0 + q; "
-        f"part[q] += {expr}; }}",
-        f"for (int j = {full}; j < {n}; ++j) part[j - {full}] += {expr};",
-    ]
-    half = LANES // 2
-    while half:
-        lines.append(f"for (int q = 0; q < {half}; ++q) part[q] += part[q + {half}];")
-        half //= 2
-    lines.append(f"{out} = part[0]; }}")
-    return "\n".join(lines)
+    return _lane_loop(n, "", [(out, expr)])
 
 
 def _dots(n: int) -> bool:
@@ -159,6 +147,31 @@ def _dots(n: int) -> bool:
     sums along the inputs) rather than accumulated along the outputs: for outputs too few to
     vectorise along (a value, an action)."""
     return n < LANES
+
+
+def _lane_loop(n: int, body: str, sums: list[tuple[str, str]]) -> str:
+    """C++: for every ``j < n`` run ``body`` and add each ``expr`` of ``sums`` to its own sum
+    (``float name``), in :func:`_lane_sum`'s order: several passes over a row fused into one
+    (rows of 64 are short enough that loads and stores, not arithmetic, set the pace)."""
+    full = n - n % LANES
+    declare = " ".join(f"float {name};" for name, _ in sums)
+    parts = " ".join(f"float part_{name}[{LANES}];" for name, _ in sums)
+    zero = " ".join(f"part_{name}[q] = 0.0f;" for name, _ in sums)
+    add = " ".join(f"part_{name}[q] += {expr};" for name, expr in sums)
+    tail = " ".join(f"part_{name}[j - {full}] += {expr};" for name, expr in sums)
+    lines = [
+        f"{declare} {{ {parts} for (int q = 0; q < {LANES}; ++q) {{ {zero} }}",
+        f"for (int j0 = 0; j0 < {full}; j0 += {LANES}) for (int q = 0; q < {LANES}; ++q) {{ const int j = j0 + q; "
+        f"{body} {add} }}",
+        f"for (int j = {full}; j < {n}; ++j) {{ {body} {tail} }}",
+    ]
+    half = LANES // 2
+    while half:
+        step = " ".join(f"part_{name}[q] += part_{name}[q + {half}];" for name, _ in sums)
+        lines.append(f"for (int q = 0; q < {half}; ++q) {{ {step} }}")
+        half //= 2
+    lines.append(" ".join(f"{name} = part_{name}[0];" for name, _ in sums) + " }")
+    return "\n".join(lines)
 
 
 def _transposed(k: int, n: int) -> bool:
@@ -226,15 +239,18 @@ def _forward(layers: tuple[tuple, ...], eps: float) -> str:
             )
         store = "zr[j] = av; dr[j] = dv;" if scale == 1.0 else f"zr[j] = av * {_f(scale)}; dr[j] = dv * {_f(scale)};"
         lines.append(f"float* dr = d{li} + p * {n};")
-        lines.append(f"for (int j = 0; j < {n}; ++j) {{ const float zv = zr[j]; {_activation(act)} {store} }}")
-        if norm:
+        activate = f"const float zv = zr[j]; {_activation(act)} {store}"
+        if not norm:
+            lines.append(f"for (int j = 0; j < {n}; ++j) {{ {activate} }}")
+        else:
+            # the activation with the row's sum, the centring with its sum of squares, then the
+            # normalised values with gain and shift: three passes over the row
             lines.append(
                 f"const float* G = TH + offsets.c[{4 * li + 2}]; const float* S = TH + offsets.c[{4 * li + 3}];"
             )
-            lines.append(_lane_sum("s_total", "zr[j]", n))
+            lines.append(_lane_loop(n, activate, [("s_total", "zr[j]")]))
             lines.append(f"const float mean = s_total * {_f(1.0 / n)};")
-            lines.append(f"for (int j = 0; j < {n}; ++j) zr[j] = zr[j] - mean;")
-            lines.append(_lane_sum("s_squares", "zr[j] * zr[j]", n))
+            lines.append(_lane_loop(n, "zr[j] = zr[j] - mean;", [("s_squares", "zr[j] * zr[j]")]))
             lines.append(f"const float inv = 1.0f / wp::sqrt(s_squares * {_f(1.0 / n)} + {_f(eps)});")
             lines.append(f"iv{li}[p] = inv; float* xr = xh{li} + p * {n};")
             lines.append(f"for (int j = 0; j < {n}; ++j) {{ xr[j] = zr[j] * inv; zr[j] = xr[j] * G[j] + S[j]; }}")
@@ -262,13 +278,13 @@ def _backward(layers: tuple[tuple, ...], grad: str, input_grad: str | None) -> s
                 f"if (GRAD) {{ float* GG = GRAD + offsets.c[{4 * li + 2}]; float* GS = GRAD + offsets.c[{4 * li + 3}];"
                 f" for (int j = 0; j < {n}; ++j) {{ GG[j] += c[j] * xr[j]; GS[j] += c[j]; }} }}"
             )
-            lines.append(f"for (int j = 0; j < {n}; ++j) c[j] = c[j] * G[j];")
-            lines.append(_lane_sum("s_g", "c[j]", n))
-            lines.append(_lane_sum("s_gx", "c[j] * xr[j]", n))
+            lines.append(_lane_loop(n, "c[j] = c[j] * G[j];", [("s_g", "c[j]"), ("s_gx", "c[j] * xr[j]")]))
             lines.append(f"const float a1 = s_g * {_f(1.0 / n)}; const float a2 = s_gx * {_f(1.0 / n)};")
-            lines.append(f"const float inv = iv{li}[p];")
-            lines.append(f"for (int j = 0; j < {n}; ++j) c[j] = inv * (c[j] - a1 - xr[j] * a2); }}")
-        lines.append(f"for (int e = 0; e < np * {n}; ++e) cur[e] = cur[e] * d{li}[e];")  # through the activation
+            lines.append(f"const float inv = iv{li}[p]; const float* dr = d{li} + p * {n};")
+            # and through the activation in the same pass: dz = dx * act'(z)
+            lines.append(f"for (int j = 0; j < {n}; ++j) c[j] = inv * (c[j] - a1 - xr[j] * a2) * dr[j]; }}")
+        else:
+            lines.append(f"for (int e = 0; e < np * {n}; ++e) cur[e] = cur[e] * d{li}[e];")  # through the activation
         # the bias's and the weight's gradients, summed over the block's rows in order
         lines.append(
             f"if (GRAD) {{ float* GB = GRAD + offsets.c[{4 * li + 1}]; float* GW = GRAD + offsets.c[{4 * li}];"
