@@ -1,5 +1,6 @@
-"""harness.nn: the fused tile-kernel MLP against a float64 numpy reference, central
-differences, torch, and a captured graph.
+"""harness.nn: both code paths of the MLP (the fused tile kernel and the CPU's C++ kernel)
+against a float64 numpy reference, central differences, torch, each other, and a captured
+graph; nn.Regression's minibatch steps on both paths.
 
 Tolerance. Warp computes in float32 (unit roundoff ``u = 2^-24``); the reference and the
 central differences run in float64. A dot product of length ``n`` carries a relative error of
@@ -28,7 +29,8 @@ import numpy as np
 import pytest
 import warp as wp
 
-from harness.nn import CPU_TILE_ARENA, MLP
+from harness import nn_cpu
+from harness.nn import CPU_TILE_ARENA, MLP, Regression
 from harness.params import ParamSet, ParamSpec
 
 U = 2.0**-24
@@ -47,6 +49,13 @@ CONFIGS = {
     "relu+norm": dict(activation="relu", layer_norm=True, output="identity"),
 }
 GATHERED = ("tanh", "elu+norm", "relu+norm")
+PATHS = ("tile", "cpu")
+
+
+def path_args(path: str) -> dict:
+    """How a test calls a path: the tile kernel in blocks of WIDTH rows (several blocks, the last
+    one padded), or the CPU's C++ kernel (its blocks are BLOCK_ROWS = 32 rows)."""
+    return {"tile_width": WIDTH, "path": "tile"} if path == "tile" else {"path": "cpu"}
 
 
 def tolerance(mlp: MLP) -> float:
@@ -176,8 +185,9 @@ def warp_shared_bytes(mlp: MLP, width: int, gather: bool) -> tuple[int, int]:
 # -- gradients ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", CONFIGS)
-def test_per_step_rollout_gradients(name):
+def test_per_step_rollout_gradients(name, path):
     """A closed loop over STEPS steps on one tape (each step's input depends on the last output):
     forward and the gradients w.r.t. the initial state and every parameter."""
     config = CONFIGS[name]
@@ -206,11 +216,12 @@ def test_per_step_rollout_gradients(name):
     tape = wp.Tape()
     with tape:
         for t in range(STEPS):
-            mlp.forward_step(params, x, t, y, tile_width=WIDTH)
+            mlp.forward_step(params, x, t, y, **path_args(path))
             wp.launch(_feedback, dim=(ROWS, IN), inputs=[x, t, y, mix_w])
         wp.launch(_weighted_sum3, dim=y.shape, inputs=[y, c_w], outputs=[loss])
     tape.backward(loss)
-    assert warp_shared_bytes(mlp, WIDTH, False) == mlp.shared_bytes(WIDTH)
+    if path == "tile":
+        assert warp_shared_bytes(mlp, WIDTH, False) == mlp.shared_bytes(WIDTH)
 
     tol = tolerance(mlp)
     assert_close({"y": y.numpy()}, {"y": rollout(x0, mix)[0]}, tol)
@@ -219,8 +230,9 @@ def test_per_step_rollout_gradients(name):
     assert_close({**grads_of(params, mlp), "x0": x.grad.numpy()[0]}, expected, tol)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", CONFIGS)
-def test_batched_gradients(name):
+def test_batched_gradients(name, path):
     config = CONFIGS[name]
     mlp, params = build(config, seed=3)
     point = values64(params, mlp)
@@ -234,7 +246,7 @@ def test_batched_gradients(name):
     loss = wp.zeros(1, dtype=float, requires_grad=True)
     tape = wp.Tape()
     with tape:
-        mlp.forward(params, x, y, tile_width=WIDTH)
+        mlp.forward(params, x, y, **path_args(path))
         wp.launch(_weighted_sum2, dim=y.shape, inputs=[y, wp.array(c, dtype=float)], outputs=[loss])
     tape.backward(loss)
 
@@ -245,8 +257,9 @@ def test_batched_gradients(name):
     assert_close({**grads_of(params, mlp), "x": x.grad.numpy()}, expected, tol)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", GATHERED)
-def test_gathered_gradients(name):
+def test_gathered_gradients(name, path):
     """Rows gathered from a stored dataset: repeated rows (their gradients add up), unused
     rows (zero gradient), the last stored row."""
     config = CONFIGS[name]
@@ -266,10 +279,11 @@ def test_gathered_gradients(name):
     loss = wp.zeros(1, dtype=float, requires_grad=True)
     tape = wp.Tape()
     with tape:
-        mlp.forward(params, x, y, indices=wp.array(picked, dtype=wp.int32), tile_width=WIDTH)
+        mlp.forward(params, x, y, indices=wp.array(picked, dtype=wp.int32), **path_args(path))
         wp.launch(_weighted_sum2, dim=y.shape, inputs=[y, wp.array(c, dtype=float)], outputs=[loss])
     tape.backward(loss)
-    assert warp_shared_bytes(mlp, WIDTH, True) == mlp.shared_bytes(WIDTH, gather=True)
+    if path == "tile":
+        assert warp_shared_bytes(mlp, WIDTH, True) == mlp.shared_bytes(WIDTH, gather=True)
 
     tol = tolerance(mlp)
     assert_close({"y": y.numpy()}, {"y": reference(point, data[picked], config, "net.")[0]}, tol)
@@ -308,18 +322,22 @@ def torch_sequential(torch, mlp: MLP, params: ParamSet, config: dict):
     return torch.nn.Sequential(*modules), [name for layer in mlp.layers for name in layer.parameter_names]
 
 
-@pytest.mark.parametrize(("name", "rows", "width"), [("elu+norm", 37, None), ("relu", ROWS, WIDTH)])
-def test_matches_torch(name, rows, width):
+@pytest.mark.parametrize(
+    ("name", "rows", "width", "path"),
+    [("elu+norm", 37, None, "tile"), ("elu+norm", 37, None, "cpu"), ("relu", ROWS, WIDTH, "tile")],
+)
+def test_matches_torch(name, rows, width, path):
     """Forward and gradients against ``torch.nn.Sequential`` (float64) with the same weights.
     SHAC's critic shape (ELU, LayerNorm) over 37 rows at the default tile width (32: two
-    blocks, the second with 5 rows); ReLU without LayerNorm in blocks of 8."""
+    blocks, the second with 5 rows) and on the CPU path (blocks of 32 too); ReLU without
+    LayerNorm in blocks of 8."""
     torch = pytest.importorskip("torch")
     config = {key: value for key, value in CONFIGS[name].items() if key != "output_scale"}
     if name == "elu+norm":
         config["output"] = "identity"  # SHAC's critic
     mlp, params = build(config, seed=7)
     if width is None:
-        assert mlp.tile_width(rows) == 32
+        assert mlp.tile_width(rows) == 32 == nn_cpu.BLOCK_ROWS
     rng = np.random.default_rng(8)
     xs = rng.normal(size=(rows, IN)).astype(np.float32)
     c = rng.normal(size=(rows, OUT))
@@ -328,7 +346,7 @@ def test_matches_torch(name, rows, width):
     loss = wp.zeros(1, dtype=float, requires_grad=True)
     tape = wp.Tape()
     with tape:
-        mlp.forward(params, x, y, tile_width=width)
+        mlp.forward(params, x, y, tile_width=width, path=path)
         wp.launch(_weighted_sum2, dim=y.shape, inputs=[y, wp.array(c, dtype=float)], outputs=[loss])
     tape.backward(loss)
 
@@ -348,7 +366,8 @@ def test_matches_torch(name, rows, width):
 # -- capture --------------------------------------------------------------------------------------
 
 
-def test_captured_graph_is_bit_identical():
+@pytest.mark.parametrize("path", PATHS)
+def test_captured_graph_is_bit_identical(path):
     """An actor applied per step inside a closed loop and a critic gathering rows of the
     rollout's states, two MLPs in one ParamSet, recorded with ``wp.ScopedCapture`` and replayed
     at two parameter points: outputs and gradients bit for bit those of eager runs."""
@@ -379,10 +398,10 @@ def test_captured_graph_is_bit_identical():
         tape = wp.Tape()
         with tape:
             for t in range(STEPS):
-                actor.forward_step(params, x, t, y, tile_width=WIDTH)
+                actor.forward_step(params, x, t, y, **path_args(path))
                 wp.launch(_feedback, dim=(ROWS, IN), inputs=[x, t, y, mix])
             wp.launch(_weighted_sum3, dim=y.shape, inputs=[y, c], outputs=[loss])
-            critic.forward(params, x.reshape((stored, IN)), values, indices=picked, tile_width=WIDTH)
+            critic.forward(params, x.reshape((stored, IN)), values, indices=picked, **path_args(path))
             wp.launch(_weighted_sum2, dim=values.shape, inputs=[values, cv], outputs=[loss])
         tape.backward(loss)
         tapes.append(tape)  # a replayed graph reads what its tape holds
@@ -406,21 +425,166 @@ def test_captured_graph_is_bit_identical():
     assert not np.array_equal(eager[0]["grad"], eager[1]["grad"])
 
 
+# -- the two paths ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_cpu_path_agrees_with_the_tile_path(name):
+    """The same call on both paths (the CPU runs both): outputs, parameter and input gradients
+    to float32 rounding (the paths sum in different orders; module docstring's tolerance), over
+    rows that fill one and a half of the CPU path's blocks, gathered with a repeated row."""
+    config = CONFIGS[name]
+    mlp, params = build(config, seed=12)
+    rng = np.random.default_rng(13)
+    rows = nn_cpu.BLOCK_ROWS + nn_cpu.BLOCK_ROWS // 2
+    data = rng.normal(size=(rows + 4, IN)).astype(np.float32)
+    picked = rng.integers(0, rows + 4, size=rows).astype(np.int32)
+    picked[:2] = 3
+    c = wp.array(rng.normal(size=(rows, OUT)), dtype=float)
+    found = {}
+    for path in PATHS:
+        params.zero_grad()
+        x = wp.array(data, dtype=float, requires_grad=True)
+        y = wp.zeros((rows, OUT), dtype=float, requires_grad=True)
+        loss = wp.zeros(1, dtype=float, requires_grad=True)
+        tape = wp.Tape()
+        with tape:
+            mlp.forward(params, x, y, indices=wp.array(picked, dtype=wp.int32), path=path)
+            wp.launch(_weighted_sum2, dim=y.shape, inputs=[y, c], outputs=[loss])
+        tape.backward(loss)
+        found[path] = {"y": y.numpy(), "x": x.grad.numpy(), **grads_of(params, mlp)}
+        assert not y.grad.numpy().any()  # both consume the output's gradient
+    assert_close(found["cpu"], {k: v.astype(np.float64) for k, v in found["tile"].items()}, tolerance(mlp))
+
+
+def regression_setup(rows: int = 3 * nn_cpu.BLOCK_ROWS + 6, seed: int = 14):
+    """SHAC's critic shape (ELU, LayerNorm, one output) between two other parameters, a data set
+    of ``rows`` rows and targets."""
+    config = {**CONFIGS["elu+norm"], "output": "identity", "output_scale": 1.0}
+    mlp = MLP(IN, HIDDEN, 1, prefix="net.", **{k: v for k, v in config.items() if k != "output_scale"})
+    specs = [ParamSpec("before", (2,)), *mlp.specs(seed=seed), ParamSpec("after", (3,))]
+    params = ParamSet(specs, device="cpu")
+    rng = np.random.default_rng(seed)
+    params.data.assign(params.data.numpy() + rng.normal(scale=0.2, size=params.size).astype(np.float32))
+    x = wp.array(rng.normal(size=(rows, IN)).astype(np.float32), dtype=float)
+    targets = wp.array(rng.normal(size=(rows, 1)).astype(np.float32), dtype=float)
+    return mlp, params, x, targets
+
+
+def test_a_regression_step_is_the_mean_squared_error_and_its_gradient_on_both_paths():
+    """Every minibatch on both paths: the loss is the float64 reference's mean squared error,
+    the paths' gradients agree, and the gradient is written, not added: entries outside the
+    MLP come out 0 whatever the buffer held."""
+    mlp, params, x, targets = regression_setup()
+    rows, minibatches = x.shape[0], 3
+    batch = rows // minibatches
+    point = values64(params, mlp)
+    data, wanted = x.numpy().astype(np.float64), targets.numpy().astype(np.float64)
+    losses = wp.zeros(1, dtype=float)
+    for m in range(minibatches):
+        part = slice(m * batch, (m + 1) * batch)
+        expected = float(np.mean((reference(point, data[part], CONFIGS["elu+norm"] | {"output": "identity"}, "net.")[0]
+                                  - wanted[part]) ** 2))  # fmt: skip
+        grads = {}
+        for path in PATHS:
+            fit = Regression(mlp, params, x, targets, minibatches=minibatches, path=path)
+            params.grad.fill_(7.0)
+            fit.step(m, losses)
+            np.testing.assert_allclose(losses.numpy()[0], expected, rtol=tolerance(mlp))
+            full = params.grad_numpy()
+            assert not full["before"].any() and not full["after"].any()
+            grads[path] = {name: full[name] for name in mlp.shapes()}
+        assert_close(grads["cpu"], {k: v.astype(np.float64) for k, v in grads["tile"].items()}, tolerance(mlp))
+
+
+@wp.kernel
+def _sgd(data: wp.array(dtype=float), grad: wp.array(dtype=float)):
+    i = wp.tid()
+    data[i] = data[i] - 0.05 * grad[i]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_regression_fit_is_bit_identical_captured(path):
+    """Two epochs of three minibatches, each step followed by an update, recorded once and
+    replayed: the parameters and the losses bit for bit those of the eager run, and the fit
+    did move the parameters."""
+    mlp, params, x, targets = regression_setup()
+    start = params.data.numpy().copy()
+    losses = wp.zeros(3, dtype=float)
+    fit = Regression(mlp, params, x, targets, minibatches=3, path=path)
+
+    def run():
+        fit.fit(2, losses, lambda: wp.launch(_sgd, dim=params.size, inputs=[params.data, params.grad]))
+
+    run()
+    eager = (params.data.numpy().copy(), losses.numpy().copy())
+    params.data.assign(start)
+    with wp.ScopedCapture(device="cpu") as capture:
+        run()
+    params.data.assign(start)
+    wp.capture_launch(capture.graph)
+    assert np.array_equal(params.data.numpy(), eager[0]) and np.array_equal(losses.numpy(), eager[1])
+    assert not np.array_equal(eager[0], start)
+
+
+def test_the_cpu_paths_exp_is_within_two_ulp():
+    """``exp_low`` (harness.nn_cpu), the ELU's exponential on the CPU path, against the float64
+    exp over [-87, 0] (every 1e-4, and the ends), in units of the float32 spacing at the result."""
+
+    @wp.func_native(nn_cpu._EXP + "\nfor (int i = 0; i < z.shape.dims[0]; ++i) out.data[i] = exp_low(z.data[i]);")
+    def exp_all(z: wp.array(dtype=float), out: wp.array(dtype=float)): ...
+
+    @wp.kernel(enable_backward=False)
+    def run(z: wp.array(dtype=float), out: wp.array(dtype=float)):
+        exp_all(z, out)
+
+    zs = np.concatenate([np.arange(-87.0, 0.0, 1e-4), [-87.0, -1e-30, 0.0]]).astype(np.float32)
+    out = wp.zeros(zs.size, dtype=float, device="cpu")
+    wp.launch(run, dim=1, inputs=[wp.array(zs, dtype=float, device="cpu"), out], device="cpu")
+    got = out.numpy().astype(np.float64)
+    exact = np.exp(zs.astype(np.float64))
+    ulps = np.abs(got - exact) / np.spacing(exact.astype(np.float32)).astype(np.float64)
+    assert ulps.max() <= 2.0, (ulps.max(), zs[np.argmax(ulps)])
+    assert got[-1] == 1.0
+
+
+def test_path_choices_and_refusals():
+    """``auto`` takes the CPU path on the CPU, the tile path with a tile width or for an MLP
+    whose buffers exceed the CPU path's stack budget; ``cpu`` refuses what it cannot run."""
+    mlp, params = build(CONFIGS["elu+norm"])
+    assert mlp.path("cpu") == "cpu" and mlp.path("cpu", tile_width=8) == "tile" and mlp.path("cpu", "tile") == "tile"
+    wide = MLP(76, [1024, 512], 21)  # over 3 MiB of transposed weights alone
+    assert nn_cpu.stack_bytes(wide._keys()) > nn_cpu.STACK_BUDGET and wide.path("cpu") == "tile"
+    with pytest.raises(ValueError, match="stack"):
+        wide.path("cpu", "cpu")
+    with pytest.raises(ValueError, match="tile_width"):
+        mlp.path("cpu", "cpu", tile_width=8)
+    with pytest.raises(ValueError, match="path='gpu'"):
+        mlp.forward(params, wp.zeros((ROWS, IN), dtype=float), wp.zeros((ROWS, OUT), dtype=float), path="gpu")
+    x, targets = wp.zeros((ROWS, IN), dtype=float), wp.zeros((ROWS, OUT), dtype=float)
+    with pytest.raises(ValueError, match="minibatches=2"):
+        Regression(mlp, params, x, targets, minibatches=2)  # 21 rows
+    with pytest.raises(ValueError, match="targets"):
+        Regression(mlp, params, x, wp.zeros((ROWS, 1), dtype=float), minibatches=3)
+
+
 # -- smaller contracts ----------------------------------------------------------------------------
 
 
-def test_forward_step_writes_its_rows_only():
+@pytest.mark.parametrize("path", PATHS)
+def test_forward_step_writes_its_rows_only(path):
     mlp, params = build(CONFIGS["tanh"])
     xs = np.random.default_rng(10).normal(size=(STEPS, ROWS, IN)).astype(np.float32)
     y = wp.full((STEPS, ROWS, OUT), 7.0, dtype=float)
-    mlp.forward_step(params, wp.array(xs, dtype=float), 1, y, tile_width=WIDTH)
+    mlp.forward_step(params, wp.array(xs, dtype=float), 1, y, **path_args(path))
     got = y.numpy()
     assert (got[0] == 7.0).all() and (got[2] == 7.0).all()
     out, _ = reference(values64(params, mlp), xs[1].astype(np.float64), CONFIGS["tanh"], prefix="net.")
     assert_close({"y": got[1]}, {"y": out}, tolerance(mlp))
 
 
-def test_inputs_without_gradient():
+@pytest.mark.parametrize("path", PATHS)
+def test_inputs_without_gradient(path):
     """A critic on stored data that needs no input gradient: the parameters' gradients are
     those of the same call with one."""
     mlp, params = build(CONFIGS["elu"])
@@ -431,7 +595,7 @@ def test_inputs_without_gradient():
         y = wp.zeros((ROWS, OUT), dtype=float, requires_grad=True)
         tape = wp.Tape()
         with tape:
-            mlp.forward(params, wp.array(xs, dtype=float, requires_grad=requires_grad), y, tile_width=WIDTH)
+            mlp.forward(params, wp.array(xs, dtype=float, requires_grad=requires_grad), y, **path_args(path))
         tape.backward(grads={y: wp.ones_like(y)})
         grads.append(params.grad.numpy())
     assert np.array_equal(grads[0], grads[1]) and grads[0].any()
@@ -511,7 +675,7 @@ def test_arena_limit_runs():
         y = wp.zeros((64, 2), requires_grad=True)
         tape = wp.Tape()
         with tape:
-            mlp.forward(params, x, y)
+            mlp.forward(params, x, y, path="tile")
         tape.backward(grads={y: wp.ones_like(y)})
         assert np.isfinite(params.grad.numpy()).all() and params.grad.numpy().any()
         print("ran")

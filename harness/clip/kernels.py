@@ -290,23 +290,20 @@ def zclip_kernel(
 
 
 @wp.kernel
-def guard_copy_kernel(
-    chunk_offset: wp.array(dtype=wp.int64),
+def guard_restore_kernel(
+    live_offset: wp.array(dtype=wp.int64),
+    saved_offset: wp.array(dtype=wp.int64),
     chunk_length: wp.array(dtype=wp.int32),
-    chunk_packed: wp.array(dtype=wp.int32),
-    saved: wp.array(dtype=wp.uint32),
-    restore: int,
     skip: wp.array(dtype=wp.int32),
 ):
-    c, j = wp.tid()
-    if j >= chunk_length[c]:
+    # One thread per chunk; nothing to do (one read) unless the update is to be undone.
+    c = wp.tid()
+    if skip[0] == 0:
         return
-    live = chunk_view(wp.uint64(0), chunk_offset[c], chunk_length[c], wp.uint32(0))
-    k = chunk_packed[c] + j
-    if restore == 0:
-        saved[k] = live[j]
-    elif skip[0] != 0:
-        live[j] = saved[k]
+    live = chunk_view(wp.uint64(0), live_offset[c], chunk_length[c], wp.uint32(0))
+    saved = chunk_view(wp.uint64(0), saved_offset[c], chunk_length[c], wp.uint32(0))
+    for j in range(chunk_length[c]):
+        live[j] = saved[j]
 
 
 def launch_scale_groups(

@@ -34,7 +34,7 @@ from typing import Any
 import warp as wp
 
 from harness.chunks import ChunkTable
-from harness.clip.kernels import guard_copy_kernel, nonfinite_stage_kernel, zero_nonfinite_kernel
+from harness.clip.kernels import guard_restore_kernel, nonfinite_stage_kernel, zero_nonfinite_kernel
 from harness.params import ParamSet
 from harness.stats import FlatStats
 from harness.transform import Shared, substate
@@ -162,8 +162,8 @@ def _wrap(inner: Any, mode: str) -> NonFinite:
 def skip_if_nonfinite(inner: Any) -> NonFinite:
     """``inner``, except that an iteration whose gradient holds nan or inf makes no update:
     the parameters and the inner state are put back as they were (``optax.apply_if_finite``
-    without its tolerance of a few bad steps). Three launches besides the inner update
-    (stage, save, restore).
+    without its tolerance of a few bad steps). Besides the inner update: the stage (one
+    launch), the save (one memory copy per covered array) and the restore (one launch).
 
     Raises:
         ValueError: If ``inner`` is already wrapped.
@@ -217,12 +217,12 @@ class SkipGuard:
     """Makes an update a no-op on the device when the flag ``skip`` is 1.
 
     Works with any transformation, without knowing its internals: :meth:`save` copies the
-    parameters and every array of its state (as raw 32-bit words, so integer counters and
-    floats come back bit-identical) before the update; :meth:`restore` copies them back
-    after it when the skip flag is set. The arrays are walked as one
-    :class:`~harness.chunks.ChunkTable` of 32-bit words (``ChunkTable.for_words``). One
-    launch each, no host branch; the cost is two copies of parameters plus state per
-    iteration.
+    parameters and every array of its state into a snapshot of the same arrays (``wp.copy``,
+    one memory copy per array, bit for bit) before the update; :meth:`restore` copies them
+    back after it when the skip flag is set: one launch over the arrays as a
+    :class:`~harness.chunks.ChunkTable` of 32-bit words (``ChunkTable.for_words``), one thread
+    per chunk, which reads the flag and returns when it is 0. No host branch; the cost is one
+    copy of parameters plus state per update (two when it is undone).
 
     Args:
         params: The parameters.
@@ -240,22 +240,21 @@ class SkipGuard:
             raise ValueError("SkipGuard: arrays must be on the parameters' device")
         self.table = ChunkTable.for_words(arrays, device=params.device)
         self.skip = skip
-        self._saved = wp.zeros(max(self.table.scalar_count, 1), dtype=wp.uint32, device=params.device)
         self._arrays = arrays  # keep the covered buffers alive
-
-    def _launch(self, restore: int) -> None:
-        table = self.table
-        wp.launch(
-            guard_copy_kernel,
-            dim=(table.chunk_count, max(table.max_chunk, 1)),
-            inputs=[table.chunk_offset, table.chunk_length, table.chunk_packed, self._saved, restore, self.skip],
-            device=self._saved.device,
-        )
+        self._saved = [wp.empty_like(array, requires_grad=False) for array in arrays]
+        self._saved_table = ChunkTable.for_words(self._saved, device=params.device)  # the same chunks
 
     def save(self) -> None:
         """Snapshot the parameters and the covered state (call right before the update)."""
-        self._launch(0)
+        for live, saved in zip(self._arrays, self._saved, strict=True):
+            wp.copy(saved, live)
 
     def restore(self) -> None:
         """Put the snapshot back if the skip flag is set (call right after the update)."""
-        self._launch(1)
+        table = self.table
+        wp.launch(
+            guard_restore_kernel,
+            dim=table.chunk_count,
+            inputs=[table.chunk_offset, self._saved_table.chunk_offset, table.chunk_length, self.skip],
+            device=self.skip.device,
+        )

@@ -45,7 +45,7 @@ import warp as wp
 from harness import schema, tags
 from harness.env import CarriesState, DrawsStarts, Env, EnvConfig, PolicyEnv, Restarts
 from harness.losses import WeightedLoss
-from harness.nn import ACTIVATIONS, MLP
+from harness.nn import ACTIVATIONS, MLP, Regression
 from harness.params import ParamSet, ParamSpec
 from harness.tasks import shac_kernels as k
 from harness.tasks.base import Task
@@ -108,8 +108,8 @@ class _Window:
     objective: wp.array  # (1,)
     targets: wp.array  # (steps * worlds,)
     inputs: wp.array  # the critic's data: obs_n without a gradient (steps * worlds, obs)
-    values: wp.array  # critic output of one minibatch (rows, 1)
     losses: wp.array  # (minibatches,): each minibatch's loss in the last epoch
+    critic_fit: Regression | None = None  # the critic's minibatch steps on inputs and targets (made on first use)
 
 
 class SHAC(Task):
@@ -167,7 +167,6 @@ class SHAC(Task):
         self._critic: ParamSet | None = None
         self._target: ParamSet | None = None
         self._state: dict[str, wp.array] = {}
-        self._tapes: list[wp.Tape] = []
         self._mlps: dict[tuple[int, int], tuple[MLP, MLP]] = {}
 
     # -- shapes and checks -----------------------------------------------------------------
@@ -280,7 +279,6 @@ class SHAC(Task):
         def grad(*shape: int) -> wp.array:
             return wp.zeros(shape, dtype=wp.float32, device=device, requires_grad=True)
 
-        batch = rows // self.args.critic_minibatches
         found = _Window(
             obs=grad(steps, worlds, obs),
             obs_n=grad(steps, worlds, obs),
@@ -299,9 +297,8 @@ class SHAC(Task):
             carry=wp.zeros(1, dtype=wp.int32, device=device),
             objective=self.state(env) and self._objective,
             targets=wp.zeros(rows, dtype=wp.float32, device=device),
-            inputs=wp.zeros((rows, obs), dtype=wp.float32, device=device, requires_grad=True),
-            values=grad(batch, 1),
-            losses=grad(self.args.critic_minibatches),
+            inputs=wp.zeros((rows, obs), dtype=wp.float32, device=device),
+            losses=wp.zeros(self.args.critic_minibatches, dtype=wp.float32, device=device),
         )
         self._buffers[id(env)] = found
         return found
@@ -417,29 +414,11 @@ class SHAC(Task):
             outputs=[b.targets.reshape(b.cost.shape)], device=env.device,
         )  # fmt: skip
         wp.copy(b.inputs, b.obs_n.reshape(b.inputs.shape))
-        _, critic = self._nets(env.config)
-        batch = rows // a.critic_minibatches
-        tapes = []
-        for _ in range(a.critic_epochs):
-            for m in range(a.critic_minibatches):
-                rows_m = slice(m * batch, (m + 1) * batch)
-                loss_m = b.losses[m : m + 1]
-                self._critic.zero_grad()
-                for array in (b.values, b.inputs):
-                    array.grad.zero_()
-                loss_m.zero_()
-                loss_m.grad.zero_()
-                tape = wp.Tape()
-                with tape:
-                    critic.forward(self._critic, b.inputs[rows_m], b.values)
-                    wp.launch(
-                        k.critic_loss, dim=batch, inputs=[b.values, b.targets[rows_m], float(batch)],
-                        outputs=[loss_m], device=env.device,
-                    )  # fmt: skip
-                tape.backward(loss_m)
-                tapes.append(tape)
-                step.apply("critic")
-        self._tapes = tapes  # a captured graph replays launches that reference what these tapes hold
+        if b.critic_fit is None:
+            _, critic = self._nets(env.config)
+            targets = b.targets.reshape((rows, 1))
+            b.critic_fit = Regression(critic, self._critic, b.inputs, targets, minibatches=a.critic_minibatches)
+        b.critic_fit.fit(a.critic_epochs, b.losses, lambda: step.apply("critic"))
         wp.launch(
             k.polyak, dim=self._critic.size, inputs=[state["target_critic"], self._critic.data, a.target_alpha],
             device=env.device,

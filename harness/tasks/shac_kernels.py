@@ -1,5 +1,6 @@
 """Device code of SHAC (:mod:`harness.tasks.shac`): episodes, the actor's objective, TD(lambda)
-targets, the critic's loss, observation statistics, Polyak averaging.
+targets, observation statistics, Polyak averaging (the critic's loss and its minibatch steps:
+:class:`harness.nn.Regression`).
 
 Every quantity that changes between iterations is read from a device array (the iteration
 counter, the episode counters, the statistics), so one SHAC iteration is one captured graph.
@@ -11,7 +12,6 @@ import warp as wp
 
 __all__ = [
     "actor_objective",
-    "critic_loss",
     "episode_marks",
     "episode_stats",
     "next_episode",
@@ -179,19 +179,6 @@ def td_lambda(
             g = r + gamma * ((1.0 - lam) * values[t, w] + lam * following)
         targets[t, w] = g
         following = g
-
-
-@wp.kernel
-def critic_loss(
-    values: wp.array2d(dtype=wp.float32),
-    targets: wp.array(dtype=wp.float32),
-    norm: float,
-    loss: wp.array(dtype=wp.float32),
-):
-    """``mean_i (V(x_i) - target_i)^2`` over a minibatch (``norm``: its rows)."""
-    i = wp.tid()
-    diff = values[i, 0] - targets[i]
-    wp.atomic_add(loss, 0, diff * diff / norm)
 
 
 @wp.kernel
