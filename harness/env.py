@@ -23,6 +23,7 @@ line naming it, before anything is built.
 - :class:`DrawsStarts`: :meth:`~DrawsStarts.draw_initial` draws fresh initial states on the device;
 - :class:`CarriesState`: a rollout continues from where the last one ended (windows);
 - :class:`Restarts`: worlds whose episode ended start a fresh one inside a rollout (SHAC);
+- :class:`Terminates`: a world's episode ends early where its state says so (a robot that fell);
 - :class:`Segmentable`: save and restore what a segment needs (``memory.segment_steps``);
 - :class:`Identifiable`: named physical quantities a task trains or fits (``physical``,
   ``initial``, ``sysid``, ``harness record``);
@@ -105,6 +106,7 @@ __all__ = [
     "Restarts",
     "Segmentable",
     "StepHook",
+    "Terminates",
     "Trajectory",
     "array_grads",
     "host_rng",
@@ -412,6 +414,19 @@ class Restarts(abc.ABC):
         a critic values), as :meth:`PolicyEnv.observe` writes it."""
 
 
+class Terminates(abc.ABC):
+    """Role: a world's episode can end early, decided by its state (a legged robot that fell).
+    ``task=shac`` restarts such a world and values its last state at 0 (no bootstrap); an env
+    without it ends episodes at the horizon only."""
+
+    summary: ClassVar[str] = "terminated(t, out): worlds whose state t ends their episode early"
+
+    @abc.abstractmethod
+    def terminated(self, t: int, out: wp.array) -> None:
+        """Write 1 into ``out`` (int32 ``(world_count,)``) where state ``t`` (before any restart)
+        ends its episode early, 0 elsewhere: a recorded launch without a gradient."""
+
+
 class Segmentable(abc.ABC):
     """Role: a rollout in segments, backward segment by segment (``memory.segment_steps``)."""
 
@@ -518,7 +533,7 @@ class Renderable(abc.ABC):
         """The Newton ``State`` holding the simulation after ``t`` steps."""
 
 
-ROLES = (PolicyEnv, DrawsStarts, CarriesState, Restarts, Segmentable, Identifiable, Renderable)
+ROLES = (PolicyEnv, DrawsStarts, CarriesState, Restarts, Terminates, Segmentable, Identifiable, Renderable)
 """Every role an env may play, besides the core."""
 
 
