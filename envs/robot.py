@@ -524,7 +524,7 @@ def _observe(
     code, i = codes[c], index[c]
     X = body_q[w * body_count + root]
     v = body_qd[w * body_count + root]
-    value = 0.0
+    value = wp.float32(0.0)
     if code == 0:
         value = wp.dot(wp.transform_get_translation(X), up)
     elif code == 1:
@@ -583,7 +583,7 @@ def _record(
     q = wp.transform_get_rotation(X)
     for k in range(terms.shape[0]):
         code = terms[k]
-        value = 0.0
+        value = wp.float32(0.0)
         if code == 0:
             value = wp.dot(wp.spatial_top(body_qd[w * body_count + root]), forward)
         elif code == 1:
@@ -607,7 +607,7 @@ def _record(
     for d in range(3):
         root_position[row, w, d] = p[d]
     height = wp.dot(p, up)
-    ended = 0.0
+    ended = wp.float32(0.0)
     if height < termination_height or _axis_of(q, up, up) < termination_up or not wp.isfinite(height):
         ended = 1.0
     terminated[row, w, 0] = ended
@@ -626,7 +626,7 @@ def _terminated(
     w = wp.tid()
     X = body_q[w * body_count + root]
     height = wp.dot(wp.transform_get_translation(X), up)
-    ended = 0
+    ended = wp.int32(0)
     if height < termination_height or _axis_of(wp.transform_get_rotation(X), up, up) < termination_up:
         ended = 1
     if not wp.isfinite(height):
@@ -1167,7 +1167,7 @@ def settle(cfg: RobotConfig, device: wp.context.Devicelike = None) -> str | None
         cfg, world_count=1, horizon=1, settle_time=0.0, seed=0, noise_position=0.0, noise_rotation=0.0,
         noise_joint_q=0.0, noise_joint_qd=0.0,
     )  # fmt: skip
-    key = (dataclasses.astuple(quiet), asset_path(cfg.asset), cfg.settle_time)
+    key = (repr(quiet), asset_path(cfg.asset), cfg.settle_time)
     if key in _SETTLED:
         return _SETTLED[key]
     env = RobotEnv(quiet, device=device)
