@@ -29,8 +29,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.schema import field
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-"""The config groups shipped inside the package (``harness/configs/``)."""
+_PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
+_CHECKOUT_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = _PACKAGED_CONFIGS if (_PACKAGED_CONFIGS / "train.yaml").is_file() else _CHECKOUT_CONFIGS
+"""The config groups: the checkout's top-level ``configs/``; an installed wheel carries the
+same files as ``harness/configs/`` (``setup.py``), which is found first."""
 
 CONFIG_PATH_VARIABLE = "HARNESS_CONFIG_PATH"
 """Environment variable naming further config folders (``os.pathsep``-separated), searched

@@ -1,5 +1,6 @@
 """A plain, non-editable install trains: the wheel built from this checkout carries the
-envs and every config group, and nothing is read from the checkout."""
+envs and every config group (the top-level ``configs/``, shipped as ``harness/configs/``),
+installs into a fresh virtual environment, and nothing is read from the checkout."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
+import venv
 import zipfile
 from pathlib import Path
 
@@ -15,7 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SKIP = (".git", ".venv", ".gpu", "build", "*.egg-info", "__pycache__", "outputs", "multirun", ".ruff_cache")
 
 
-def test_the_built_wheel_trains_the_cartpole_outside_the_checkout(tmp_path):
+def test_configs_is_the_only_config_folder_in_the_tree():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    parts = [Path(p).parts for p in tracked]
+    folders = {Path(*p[: p.index("configs") + 1]) for p in parts if "configs" in p}
+    assert folders == {Path("configs")}, sorted(map(str, folders))
+    assert not (ROOT / "harness" / "configs").exists()
+
+
+def test_the_built_wheel_installs_into_a_fresh_venv_and_trains_from_another_folder(tmp_path):
     # Build from a copy of the sources, so the build leaves nothing in the checkout.
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*SKIP))
@@ -23,35 +34,43 @@ def test_the_built_wheel_trains_the_cartpole_outside_the_checkout(tmp_path):
     build = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
     subprocess.run([*build, "-w", str(wheels), str(source)], check=True, capture_output=True, timeout=300)
     [wheel] = wheels.glob("harness-*.whl")
-    site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        assert "harness/configs/train.yaml" in names and "harness/configs/optim/env/spring_cage.yaml" in names
-        archive.extractall(site)
+    configs = {p.relative_to(ROOT / "configs").as_posix() for p in (ROOT / "configs").rglob("*.yaml")}
+    assert {n.removeprefix("harness/configs/") for n in names if n.startswith("harness/configs/")} == configs
+    assert "envs/cartpole.py" in names and not any(n.startswith("configs/") for n in names)
+
+    # A fresh venv that sees this one's third-party packages (a .pth line adds the folder
+    # without running its .pth files, so this checkout's editable install stays out), and
+    # the wheel installed into it with pip, without dependencies and without an index.
+    fresh = tmp_path / "fresh"
+    venv.create(fresh, with_pip=False)
+    python = fresh / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site, "shared_packages.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index"]
+    subprocess.run([*install, str(wheel)], check=True, capture_output=True, timeout=300)
+
     work = tmp_path / "work"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HARNESS_CONFIG_PATH")}
-    env["PYTHONPATH"] = str(site)  # ahead of the editable install of this checkout
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HARNESS_CONFIG_PATH", "VIRTUAL_ENV")}
     where = subprocess.run(
-        [sys.executable, "-c", "import harness, envs.cartpole; print(harness.__file__); print(envs.cartpole.__file__)"],
+        [str(python), "-c", "import harness.config as c, envs.cartpole as e; print(c.CONFIG_DIR, e.__file__)"],
         cwd=work,
         env=env,
         capture_output=True,
         text=True,
         check=True,
     )
-    assert all(line.startswith(str(site)) for line in where.stdout.split()), where.stdout
+    assert all(path.startswith(site) for path in where.stdout.split()), where.stdout
+    train = ["train", "+env=cartpole", "env.horizon=20", "iterations=1", "hydra.run.dir=run"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "train",
-            "+env=cartpole",
-            "env.horizon=20",
-            "iterations=3",
-            "hydra.run.dir=run",
-        ],
+        [str(fresh / "bin" / "harness"), *train],
         cwd=work,
         env=env,
         capture_output=True,
@@ -60,7 +79,7 @@ def test_the_built_wheel_trains_the_cartpole_outside_the_checkout(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((work / "run" / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["iterations_done"] == 3
+    assert summary["status"] == "finished" and summary["iterations_done"] == 1
 
 
 def test_the_library_never_imports_the_bundled_envs():

@@ -272,7 +272,7 @@ def crashing_env(tmp_path) -> dict[str, str]:
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "crashing.py").write_text(CRASHING)
     (tmp_path / "configs" / "env").mkdir(parents=True)
-    cartpole = (ROOT / "harness" / "configs" / "env" / "cartpole.yaml").read_text()
+    cartpole = (ROOT / "configs" / "env" / "cartpole.yaml").read_text()
     yaml = cartpole.replace("_target_: envs.cartpole.CartpoleEnv", "_target_: crashing.Crashing") + "crash: false\n"
     (tmp_path / "configs" / "env" / "crashing.yaml").write_text(yaml)
     return {"PYTHONPATH": f"{tmp_path / 'code'}:{ROOT}", "HARNESS_CONFIG_PATH": str(tmp_path / "configs")}

@@ -1,0 +1,15 @@
+"""Packaging that pyproject.toml cannot say: the top-level ``configs/`` ships inside the wheel
+as ``harness/configs/`` (:data:`harness.config.CONFIG_DIR` finds it there), so a non-editable
+install composes its configs from any folder. Every folder of ``configs/`` is named as a
+package of ``harness.configs`` mapped onto ``configs/``, so that setuptools copies its YAML
+files as package data (and puts them in the sdist) without warning about unlisted folders."""
+
+from setuptools import find_namespace_packages, setup
+
+config_groups = ["harness.configs", *(f"harness.configs.{name}" for name in find_namespace_packages(where="configs"))]
+
+setup(
+    packages=[*find_namespace_packages(include=["harness", "harness.*", "envs", "envs.*"]), *config_groups],
+    package_dir={"harness.configs": "configs"},
+    package_data={name: ["*.yaml"] for name in config_groups},
+)
