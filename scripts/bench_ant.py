@@ -22,6 +22,7 @@ Run: python scripts/bench_ant.py [--worlds 64] [--window 32] [--iterations 5]
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -94,6 +95,7 @@ def newton_loop(env, steps: int, iterations: int) -> float:
     iteration()  # kernels load, the solver allocates
     with wp.ScopedCapture(device=model.device) as capture:
         iteration()
+    gc.freeze()
     start = time.perf_counter()
     for _ in range(iterations):
         wp.capture_launch(capture.graph)
@@ -105,6 +107,7 @@ def harness_iteration(run, iterations: int) -> tuple[float, dict[str, float]]:
     trainer = run.trainer(TrainSettings(iterations=iterations + 2, log_every=iterations + 2, device="cpu"))
     trainer.step.run()  # eager: kernels load
     trainer.step.capture()  # every later run replays the graph
+    gc.freeze()  # as the training loop does after its capture
     trainer.step.run()
     trainer.step.timing = dict.fromkeys(trainer.step.timing, 0.0)
     start = time.perf_counter()

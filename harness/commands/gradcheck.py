@@ -47,6 +47,7 @@ def _gradcheck(cfg: DictConfig) -> None:
         device=run.settings.device,
         task=run.task,
         phase_window=int(gc.phase_window),
+        coarse_factor=float(gc.coarse_factor),
     )
     print(result.table(params))
     if result.phases:

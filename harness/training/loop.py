@@ -36,6 +36,7 @@ is finite again.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.metadata
 import math
 import platform
@@ -344,6 +345,11 @@ class Loop:
                         callback.on_warmup(self, it, "capture" if capturing else "eager")
                 if capturing:
                     step.capture()
+                    # what the run holds from here on (the env's States, the tapes and the graph's
+                    # launch records: Python objects by the hundred thousand for a robot) lives as
+                    # long as the run; a collection that walks it again and again costs a robot's
+                    # replay about a quarter of its time (docs/capture.md)
+                    gc.freeze()
                 step.run()
                 if warmup:  # the estimate starts after the last one
                     self.steady = (self.clock(), it + 1)
