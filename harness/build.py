@@ -418,13 +418,17 @@ def task_class(cfg: DictConfig) -> Any:
 
 
 def evaluation_config(cfg: DictConfig, task_class: Any = None) -> None:
-    """Turn a run's composed config into the one it is evaluated with, in place: no segments,
-    and every task setting that only shapes training (:attr:`harness.tasks.Task.training_only`,
-    such as a policy's ``window``) unset: a run is evaluated over whole episodes."""
+    """Turn a run's composed config into the one it is evaluated with, in place: no segments, no
+    per-step States (an evaluation records no tape: a Newton env steps two States in turn, so a
+    robot's 1000-step episode fits where its taped window would not), and every task setting that
+    only shapes training (:attr:`harness.tasks.Task.training_only`, such as a policy's
+    ``window``) unset: a run is evaluated over whole episodes."""
     from omegaconf import open_dict
 
     with open_dict(cfg):
         cfg.memory.segment_steps = None
+        if "per_step_states" in cfg.env:  # no tape: two States in turn, whatever the horizon (docs/memory.md)
+            cfg.env.per_step_states = False
         for key in getattr(task_class, "training_only", ()):
             if key in cfg.task:
                 cfg.task[key] = None

@@ -211,7 +211,8 @@ def test_shac_restarts_a_fallen_ant_and_does_not_bootstrap_its_value():
 
 def test_a_file_that_does_not_come_to_rest_is_refused_in_one_line(tmp_path):
     # every joint far outside its limits, the limits very stiff and one substep: it blows up
-    args = ["env.start_joint_q=[3,3,3,3,3,3,3,3]", "env.limit_ke=1e8", "env.substeps=1", "env.mass_matrix_every=1"]
+    args = ["env.start_joint_q=[3,3,3,3,3,3,3,3]", "env.limit_ke=1e8", "env.substeps=1", "env.mass_matrix_every=1",
+            "env.collide_every=1"]  # fmt: skip
     proc = train(["+env=ant", *args, "iterations=1"], tmp_path)
     assert_clean_rejection(proc, "env.asset: 'newton:nv_ant.xml' does not come to rest unactuated", "settle_time=0", tmp_path)
 
