@@ -118,8 +118,9 @@ class DiagnoseSettings:
         zo_scale: Their standard deviation, in multiples of each parameter's finite-difference step.
         fd_directions: Random directions of the central-difference check.
         fd_scale: Its step along a direction, in multiples of the finite-difference steps.
-        snr_min: A horizon is trusted when its snr is at least this (a shared parameter only:
-            where every world trains its own, a batch averages nothing) ...
+        snr_min: A horizon is trusted when the snr of a training batch's mean gradient
+            (``snr_batch``) is at least this (a shared parameter only: where every world
+            trains its own, a batch averages nothing) ...
         zo_cosine_min: ... and its zo_cosine at least this.
         seed: Seeds the perturbations, the directions and a policy's drawn starts.
     """

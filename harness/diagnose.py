@@ -18,6 +18,15 @@ initial states, or, for a task that draws fresh starts in training, one device d
   gradient as an estimate of the mean one. Below 1 a single start's gradient points
   anywhere; Metz et al. 2021 ("Gradients are Not All You Need") show this variance growing
   exponentially with the horizon through chaotic dynamics.
+- ``snr_batch``: the same ratio for the gradient training steps along where the worlds share
+  the parameters, the mean ``m`` of a batch of ``B`` starts (training's ``world_count``). Over
+  the :data:`BOOTSTRAP_BATCHES` batches the clip recommendation draws (``B`` starts each, with
+  replacement), ``snr_batch = |mean_k m_k| / sqrt(mean_k |m_k - mean_k m_k|^2)``, in the
+  shared entries. A mean of ``B`` independent draws keeps their mean and has ``1 / B`` of their
+  covariance, so its expectation is ``sqrt(B) * snr``, and ``snr_batch^2`` estimates
+  ``B / B_simple`` with ``B_simple = tr(Sigma) / |G|^2`` the simple gradient noise scale of
+  McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training"): at ``snr_batch = 1``
+  the batch is as large as the noise scale. nan where no parameter is shared.
 - ``zo_cosine``: the first-order gradient against a zeroth-order estimate of the gradient
   of the Gaussian-smoothed loss ``F_s(x) = E_z F(x + s * z)`` (Suh et al., ICML 2022, "Do
   Differentiable Simulators Give Better Policy Gradients?"), from ``zo_pairs`` antithetic
@@ -34,10 +43,11 @@ initial states, or, for a task that draws fresh starts in training, one device d
   (each parameter scaled by its finite-difference step, times ``fd_scale``) against the
   tape's directional derivative, ``|fd - tape| / max(|fd|, |tape|)``, the median over the
   directions: is the tape the derivative of the simulated loss at all.
-- ``trusted``: ``snr >= snr_min`` and ``zo_cosine >= zo_cosine_min`` (1 and 0.5) where the
-  worlds share a parameter (a training batch averages its starts' gradients); where every
-  parameter has a world axis, each world trains its own and a batch averages nothing, so
-  ``zo_cosine >= zo_cosine_min`` alone (``snr`` is reported, :data:`TRUST_PER_WORLD`).
+- ``trusted``: ``snr_batch >= snr_min`` and ``zo_cosine >= zo_cosine_min`` (1 and 0.5) where
+  the worlds share a parameter (a training batch averages its starts' gradients: the rule
+  judges that average, not one start); where every parameter has a world axis, each world
+  trains its own and a batch averages nothing, so ``zo_cosine >= zo_cosine_min`` alone
+  (``snr`` is reported, :data:`TRUST_PER_WORLD`).
 
 The growth rate is the least-squares slope of ``log(grad_norm_median)`` against the
 simulated time ``steps * dt`` of the horizons [1/s], and of the log of the state adjoint's
@@ -91,8 +101,9 @@ __all__ = [
     "table_row",
 ]
 
-TRUST_SHARED = "snr >= snr_min and zo_cosine >= zo_cosine_min"
-"""The trust rule where the worlds share a parameter (a batch averages its starts' gradients)."""
+TRUST_SHARED = "snr_batch >= snr_min and zo_cosine >= zo_cosine_min"
+"""The trust rule where the worlds share a parameter (a batch averages its starts' gradients:
+the snr of that average, ``snr_batch``, is judged; one start's ``snr`` is reported beside it)."""
 
 TRUST_PER_WORLD = "zo_cosine >= zo_cosine_min (every world trains its own parameters: a batch averages no starts)"
 """The trust rule where every parameter has a world axis (snr is reported, not used)."""
@@ -104,7 +115,7 @@ FD_WARNING = 0.1
 """A median relative error of the central differences above this is called out in the verdict."""
 
 BOOTSTRAP_BATCHES = 400
-"""Training batches drawn from the per-start gradients for the clip recommendation."""
+"""Training batches drawn from the per-start gradients for the clip recommendation and ``snr_batch``."""
 
 
 @wp.kernel
@@ -195,7 +206,8 @@ class HorizonResult:
     steps: int
     grad_norm_median: float
     grad_norm_p90: float
-    snr: float
+    snr: float  # of one start's gradient (the name of the files written before snr_batch)
+    snr_batch: float  # of the mean of a training batch's starts (nan where no parameter is shared)
     zo_cosine: float
     fd_rel_error: float
     trusted: bool
@@ -421,7 +433,7 @@ class Diagnosis:
     parameters: int = 0
     seconds: float = 0.0
     window_key: str = "env.horizon"  # what sets a training rollout's length (a policy's task.window)
-    trust_rule: str = "snr >= snr_min and zo_cosine >= zo_cosine_min"
+    trust_rule: str = TRUST_SHARED
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -462,9 +474,10 @@ class Diagnosis:
         if math.isfinite(self.adjoint_growth_rate_per_s):
             text += f"; the state adjoint grows at {self.adjoint_growth_rate_per_s:.3g} per second backwards in time"
         text += "."
+        batch = self.training_worlds
         if self.window is None:
             h = self.horizons[0]
-            why = _why_untrusted(h, th, uses_snr)
+            why = _why_untrusted(h, th, uses_snr, batch)
             return (
                 f"{text} No horizon can be trusted, not even the shortest ({h.steps} steps): {why}. "
                 "Train over shorter horizons than these, smooth the dynamics (softer contact, a smaller time "
@@ -472,15 +485,18 @@ class Diagnosis:
             )
         agrees = f"the gradient agrees with the smoothed loss (zo_cosine >= {th['zo_cosine_min']:g})"
         if uses_snr:
-            agrees = f"one start's gradient agrees with the mean over starts (snr >= {th['snr_min']:g}) and " + agrees
+            agrees = (
+                f"the mean gradient of a {batch}-world batch stands out of its sampling noise "
+                f"(snr_batch >= {th['snr_min']:g}) and " + agrees
+            )
         text += f" Gradients can be trusted up to {self.window} steps ({self.window * self.dt:.3g} s): {agrees}."
         shorter = [h for h in self.horizons if h.steps < self.window and not h.trusted]
         if shorter:
-            why = _why_untrusted(shorter[0], th, uses_snr)
+            why = _why_untrusted(shorter[0], th, uses_snr, batch)
             text += f" Shorter horizons are not all trusted: at {shorter[0].steps} steps {why}."
         longer = next((h for h in self.horizons if h.steps > self.window), None)
         if longer is not None:
-            text += f" At {longer.steps} steps {_why_untrusted(longer, th, uses_snr)}."
+            text += f" At {longer.steps} steps {_why_untrusted(longer, th, uses_snr, batch)}."
         else:
             text += " The longest horizon measured is trusted."
         if self.clip_max_norm is not None:
@@ -499,27 +515,38 @@ class Diagnosis:
 
 
 def table_header() -> str:
-    """The header of the printed table."""
+    """The header of the printed table: ``snr/start`` is one start's snr (``snr`` in the
+    JSON), ``snr/batch`` the snr of a training batch's mean gradient (``snr_batch``; ``-``
+    where every world trains its own parameters)."""
     return (
-        f"{'steps':>7} {'sim time':>9} {'|g| median':>11} {'|g| p90':>10} {'snr':>8} {'zo_cos':>7} "
-        f"{'fd_err':>8} {'trusted':>7} {'seconds':>7}"
+        f"{'steps':>7} {'sim time':>9} {'|g| median':>11} {'|g| p90':>10} {'snr/start':>9} {'snr/batch':>9} "
+        f"{'zo_cos':>7} {'fd_err':>8} {'trusted':>7} {'seconds':>7}"
     )
 
 
 def table_row(h: HorizonResult, dt: float) -> str:
     """One horizon's row of the printed table."""
+    batch = "-" if math.isnan(h.snr_batch) else f"{h.snr_batch:.3g}"
     return (
         f"{h.steps:>7d} {h.steps * dt:>8.3g}s {h.grad_norm_median:>11.3e} {h.grad_norm_p90:>10.3e} "
-        f"{h.snr:>8.3g} {h.zo_cosine:>7.3f} {h.fd_rel_error:>8.1e} {'yes' if h.trusted else 'no':>7} {h.seconds:>7.1f}"
+        f"{h.snr:>9.3g} {batch:>9} {h.zo_cosine:>7.3f} {h.fd_rel_error:>8.1e} "
+        f"{'yes' if h.trusted else 'no':>7} {h.seconds:>7.1f}"
     )
 
 
-def _why_untrusted(h: HorizonResult, th: dict[str, Any], uses_snr: bool) -> str:
+def _why_untrusted(h: HorizonResult, th: dict[str, Any], uses_snr: bool, batch: int) -> str:
+    """Why a horizon is not trusted, naming each measure that failed (snr_batch, zo_cosine or both)."""
     if not (math.isfinite(h.loss) and math.isfinite(h.grad_norm_median)):
         return "the loss or its gradient is not finite (the rollout blew up)"
     reasons = []
-    if uses_snr and not h.snr >= th["snr_min"]:
-        reasons.append(f"the sampled gradients disagree (snr {h.snr:.3g} < {th['snr_min']:g})")
+    if uses_snr and not h.snr_batch >= th["snr_min"]:
+        need = ""
+        if h.snr > 0 and math.isfinite(h.snr):  # snr_batch ~ sqrt(B) snr: the batch that reaches snr_min
+            need = f", about {math.ceil((th['snr_min'] / h.snr) ** 2)} starts per batch would reach {th['snr_min']:g}"
+        reasons.append(
+            f"the mean gradient of a {batch}-world batch is mostly sampling noise "
+            f"(snr_batch {h.snr_batch:.3g} < {th['snr_min']:g}; one start's snr {h.snr:.3g}{need})"
+        )
     if not h.zo_cosine >= th["zo_cosine_min"]:
         low = f"zo_cosine {h.zo_cosine:.3g} < {th['zo_cosine_min']:g}"
         reasons.append(f"the gradient no longer describes the smoothed loss ({low})")
@@ -573,14 +600,18 @@ def _measure(
         errors.append(_relative_error(fd, tape))
     fd_err = float(np.median(errors)) if errors else math.nan
 
-    batch = _batch_norms(grads, training_worlds, layout.shared_entries, rng)
+    batch, batch_means = _batches(grads, training_worlds, layout.shared_entries, rng)
+    snr_batch = _snr(batch_means) if layout.uses_snr else math.nan
     finite = math.isfinite(value) and bool(np.all(np.isfinite(full)))
-    trusted = finite and bool((snr >= settings.snr_min or not layout.uses_snr) and zo_cos >= settings.zo_cosine_min)
+    trusted = finite and bool(
+        (snr_batch >= settings.snr_min or not layout.uses_snr) and zo_cos >= settings.zo_cosine_min
+    )
     result = HorizonResult(
         steps=probe.env.horizon,
         grad_norm_median=float(np.median(norms)),
         grad_norm_p90=float(np.percentile(norms, 90)),
         snr=float(snr),
+        snr_batch=float(snr_batch),
         zo_cosine=zo_cos,
         fd_rel_error=fd_err,
         trusted=trusted,
@@ -614,16 +645,20 @@ def _relative_error(fd: float, tape: float) -> float:
     return abs(fd - tape) / scale if scale > 0 else 0.0
 
 
-def _batch_norms(grads: np.ndarray, worlds: int, shared: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Norms of the gradient a training batch of ``worlds`` starts would give, for batches
-    drawn from the measured starts with replacement: in the entries of shared parameters
-    (``shared``, a mask of one world's entries) the mean of the starts' gradients (the loss
-    averages the worlds); in those of per-world parameters their stack divided by ``worlds``
-    (each world's slice gets its own start's gradient over ``worlds``)."""
+def _batches(
+    grads: np.ndarray, worlds: int, shared: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """The gradients a training batch of ``worlds`` starts would give, for
+    :data:`BOOTSTRAP_BATCHES` batches drawn from the measured starts with replacement: their
+    norms, and their shared entries ``(batches, shared entries)``. In the entries of shared
+    parameters (``shared``, a mask of one world's entries) a batch's gradient is the mean of
+    its starts' gradients (the loss averages the worlds); in those of per-world parameters
+    their stack divided by ``worlds`` (each world's slice gets its own start's gradient over
+    ``worlds``). The clip threshold is the norms' p90; ``snr_batch`` is the means' snr."""
     picks = rng.integers(0, grads.shape[0], size=(BOOTSTRAP_BATCHES, worlds))
     mean = grads[:, shared][picks].mean(axis=1)
     own = np.sum(grads[:, ~shared] ** 2, axis=1)[picks].sum(axis=1) / worlds**2
-    return np.sqrt(np.sum(mean**2, axis=1) + own)
+    return np.sqrt(np.sum(mean**2, axis=1) + own), mean
 
 
 def recommend(horizons: list[HorizonResult]) -> tuple[int | None, float | None]:
@@ -780,16 +815,26 @@ def draw_diagnosis(diagnosis: Diagnosis, path: str | Path) -> None:
     ax_norm.set_ylabel("|g|")
 
     snr = np.array([h.snr for h in hs])
+    snr_batch = np.array([h.snr_batch for h in hs])
+    judged = diagnosis.trust_rule == TRUST_SHARED
     shade(ax_snr)
-    ax_snr.plot(steps, np.where(np.isfinite(snr), snr, np.nan), "o-", color="tab:orange")
+    if judged:
+        ax_snr.plot(
+            steps, np.where(np.isfinite(snr_batch), snr_batch, np.nan), "o-", color="tab:orange",
+            label=f"snr_batch: mean of a {diagnosis.training_worlds}-world batch (judged)",
+        )  # fmt: skip
+    ax_snr.plot(
+        steps, np.where(np.isfinite(snr), snr, np.nan), "^:" if judged else "o-", color="tab:orange",
+        alpha=0.6 if judged else 1.0, label="snr of one start" + (" (reported)" if judged else ""),
+    )  # fmt: skip
     ax_snr.axhline(
         diagnosis.settings["snr_min"], color="gray", ls="--", lw=1, label=f"snr_min {diagnosis.settings['snr_min']:g}"
     )
-    _log_axes(ax_snr, snr)
+    _log_axes(ax_snr, snr, *([snr_batch] if judged else []))
     title = "signal-to-noise ratio |mean g| / rms(g - mean g)"
-    if diagnosis.trust_rule != TRUST_SHARED:
+    if not judged:
         title += "\n(reported, not in the rule: every world trains its own parameters)"
-    ax_snr.set_title(title, fontsize=10 if diagnosis.trust_rule != TRUST_SHARED else None)
+    ax_snr.set_title(title, fontsize=10 if not judged else None)
 
     zo = np.array([h.zo_cosine for h in hs])
     full = np.array([h.zo_cosine_full for h in hs])
@@ -919,6 +964,7 @@ class DiagnoseLog(Callback):
         result, _ = measure(probe, self.settings, rng, training_worlds=self.training_worlds)
         scalars = {
             tags.DIAGNOSE_SNR: result.snr,
+            **({tags.DIAGNOSE_SNR_BATCH: result.snr_batch} if probe.layout.uses_snr else {}),
             tags.DIAGNOSE_ZO_COSINE: result.zo_cosine,
             tags.DIAGNOSE_GRAD_NORM_MEDIAN: result.grad_norm_median,
             tags.DIAGNOSE_FD_REL_ERROR: result.fd_rel_error,
@@ -928,8 +974,11 @@ class DiagnoseLog(Callback):
         for callback in loop.callbacks:
             if callback is not self:
                 callback.on_scalars(loop, iteration, scalars)
+        snr = f"snr {result.snr:.3g}"
+        if probe.layout.uses_snr:
+            snr = f"snr_batch {result.snr_batch:.3g} ({self.training_worlds} worlds; one start's snr {result.snr:.3g})"
         print(
-            f"diagnose at iteration {done}: {result.steps} steps, snr {result.snr:.3g}, "
+            f"diagnose at iteration {done}: {result.steps} steps, {snr}, "
             f"zo_cosine {result.zo_cosine:.3f}, |g| median {result.grad_norm_median:.3e}, "
             f"{'trusted' if result.trusted else 'NOT trusted'} ({result.seconds:.1f} s)",
             flush=True,

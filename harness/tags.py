@@ -26,6 +26,7 @@ __all__ = [
     "DIAGNOSE_FD_REL_ERROR",
     "DIAGNOSE_GRAD_NORM_MEDIAN",
     "DIAGNOSE_SNR",
+    "DIAGNOSE_SNR_BATCH",
     "DIAGNOSE_TRUSTED",
     "DIAGNOSE_ZO_COSINE",
     "LOSS_BEST",
@@ -126,6 +127,8 @@ ADJOINT_PROFILE = "through_time/profile"
 
 DIAGNOSE_SNR = "diagnose/snr"
 """``diagnose.every``: the measures of :mod:`harness.diagnose` at the current parameters."""
+DIAGNOSE_SNR_BATCH = "diagnose/snr_batch"
+"""The snr of a training batch's mean gradient (parameters the worlds share only)."""
 DIAGNOSE_ZO_COSINE = "diagnose/zo_cosine"
 DIAGNOSE_GRAD_NORM_MEDIAN = "diagnose/grad_norm_median"
 DIAGNOSE_FD_REL_ERROR = "diagnose/fd_rel_error"

@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from harness import tags
 from harness.config import DiagnoseSettings
-from harness.diagnose import diagnose, geometric_horizons, growth_rate
+from harness.diagnose import BOOTSTRAP_BATCHES, diagnose, geometric_horizons, growth_rate
 from harness.losses import WeightedLoss
 from harness.tasks import OpenLoop, TrainQuantities
 from tests.helpers import ROOT, run_harness
@@ -44,6 +44,18 @@ def closed_form(steps: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 def closed_snr(grads: np.ndarray) -> float:
     mean = grads.mean(axis=0)
     return float(np.linalg.norm(mean) / math.sqrt(np.mean(np.sum((grads - mean) ** 2, axis=-1))))
+
+
+def closed_snr_batch(grads: np.ndarray, batch: int) -> tuple[float, float]:
+    """The snr of the mean of ``batch`` starts drawn with replacement from ``grads``, and the
+    bootstrap's tolerance. A draw has mean ``g_bar`` and covariance ``S`` (the starts' spread,
+    normalised by their count, as ``snr`` is), so a mean of ``batch`` independent draws has
+    ``g_bar`` and ``S / batch``: its snr is ``sqrt(batch) * snr``. Estimated from ``K`` bootstrap
+    batches, the mean's error is ``1 / sqrt(K)`` of the batch spread and the spread's relative
+    error about ``1 / sqrt(2 K)``: the estimate's standard error is ``sqrt((s^2 / 2 + 1) / K)``;
+    the tolerance is four of them."""
+    expected = math.sqrt(batch) * closed_snr(grads)
+    return expected, 4.0 * math.sqrt((expected**2 / 2 + 1) / BOOTSTRAP_BATCHES)
 
 
 def test_geometric_horizons_halve_the_horizon_down_to_the_shortest():
@@ -78,6 +90,8 @@ def test_a_shared_parameter_matches_the_linear_systems_closed_form(shared):
         assert h.grad_norm_median == pytest.approx(np.median(expected), rel=2e-4)
         assert h.grad_norm_p90 == pytest.approx(np.percentile(expected, 90), rel=2e-4)
         assert h.snr == pytest.approx(closed_snr(force_grads[:, None]), rel=2e-3)
+        expected, tolerance = closed_snr_batch(force_grads[:, None], 4)  # training_worlds=4
+        assert h.snr_batch == pytest.approx(expected, abs=tolerance)
         # The loss is quadratic in the force: central differences are exact, both estimates agree.
         assert h.zo_cosine == pytest.approx(1.0, abs=1e-4)
         assert h.fd_rel_error < 1e-3
@@ -87,11 +101,18 @@ def test_a_shared_parameter_matches_the_linear_systems_closed_form(shared):
     assert shared.adjoint_growth_rate_per_s == pytest.approx(RATE, rel=1e-3)
 
 
-def test_trust_ends_where_the_starts_disagree_and_the_window_is_the_longest_trusted(shared):
+def test_trust_ends_where_a_batchs_mean_gradient_is_noise_and_the_window_is_the_longest_trusted(shared):
     starts = make_linear(2).starts()
-    expected = [closed_snr(closed_form(h, starts)[0][:, None]) >= 1.0 for h in HORIZONS]
+    batch_snr = [closed_snr_batch(closed_form(h, starts)[0][:, None], 4) for h in HORIZONS]
+    assert all(abs(s - 1.0) > 2 * tol for s, tol in batch_snr)  # every case far from the threshold
+    expected = [s >= 1.0 for s, _ in batch_snr]
     assert [h.trusted for h in shared.horizons] == expected
     assert expected[0] and not expected[-1]  # the case covers both sides of the threshold
+    # The rule judges the mean of training's 4 starts, not one start: at 16 steps one start's
+    # snr is below 1 (0.86) and the horizon is trusted, since the batch's mean has snr 1.7.
+    at16 = shared.horizons[HORIZONS.index(16)]
+    assert at16.snr < 1.0 and at16.snr_batch >= 1.0 and at16.trusted
+    assert shared.trust_rule.startswith("snr_batch >= snr_min")
     longest = max(h for h, ok in zip(HORIZONS, expected, strict=True) if ok)
     assert shared.window == longest
     at = next(h for h in shared.horizons if h.steps == longest)
@@ -100,6 +121,42 @@ def test_trust_ends_where_the_starts_disagree_and_the_window_is_the_longest_trus
     assert 0 < at.batch_grad_norm_p90 <= at.grad_norm_p90 * (1 + 1e-6)
     verdict = shared.verdict()
     assert f"up to {longest} steps" in verdict and f"clip.max_norm={shared.clip_max_norm:.3g}" in verdict
+    last = shared.horizons[-1]  # the verdict names the measure that failed there, with one start's beside it
+    assert (
+        f"At 32 steps the mean gradient of a 4-world batch is mostly sampling noise (snr_batch {last.snr_batch:.3g}"
+        in verdict
+    )
+    assert f"one start's snr {last.snr:.3g}" in verdict and "zo_cosine 1" not in verdict
+
+
+def test_the_batch_snr_grows_as_the_square_root_of_training_worlds():
+    """The same 16 starts judged for batches of 1 and 64: ``sqrt(B)`` times one start's snr."""
+    settings = DiagnoseSettings(samples=WORLDS, zo_pairs=2, fd_directions=0)
+    starts = make_linear(2).starts()
+    for batch in (1, 64):
+        found = diagnose(
+            make_linear, TrainQuantities(), linear_loss(), settings, horizons=[8, 24, 64], training_worlds=batch
+        )
+        for h in found.horizons:
+            force_grads, _ = closed_form(h.steps, starts)
+            expected, tolerance = closed_snr_batch(force_grads[:, None], batch)
+            assert h.snr_batch == pytest.approx(expected, abs=tolerance), (batch, h.steps)
+        # 64 starts average out the disagreement one start alone fails on at 24 steps (snr 0.37 -> 3.0).
+        assert [h.trusted for h in found.horizons] == ([True, False, False] if batch == 1 else [True, True, False])
+
+
+def test_the_verdict_says_which_measure_failed(shared):
+    """snr_batch, zo_cosine or both: the verdict names each one below its threshold."""
+    good = shared.horizons[0]
+    for snr_batch, zo_cosine, names in ((0.5, 0.9, ["snr_batch 0.5 < 1"]), (3.0, 0.2, ["zo_cosine 0.2 < 0.5"]),
+                                        (0.5, 0.2, ["snr_batch 0.5 < 1", "zo_cosine 0.2 < 0.5"])):  # fmt: skip
+        bad = dataclasses.replace(good, steps=64, snr=0.25, snr_batch=snr_batch, zo_cosine=zo_cosine, trusted=False)
+        verdict = dataclasses.replace(shared, horizons=[good, bad], window=good.steps).verdict()
+        at = verdict[verdict.index("At 64 steps") :]
+        assert all(name in at for name in names), (names, at)
+        assert ("snr_batch" in at) == (snr_batch < 1) and ("zo_cosine 0" in at) == (zo_cosine < 0.5), at
+        if snr_batch < 1:  # the batch that would reach the threshold: (1 / 0.25)^2 starts
+            assert "one start's snr 0.25, about 16 starts per batch would reach 1" in at
 
 
 def test_per_world_parameters_give_every_starts_gradient_in_one_backward_and_trust_rests_on_zo_cosine():
@@ -111,6 +168,7 @@ def test_per_world_parameters_give_every_starts_gradient_in_one_backward_and_tru
         norms = np.linalg.norm(grads, axis=1)
         assert h.grad_norm_median == pytest.approx(np.median(norms), rel=2e-4)
         assert h.snr == pytest.approx(closed_snr(grads), rel=2e-3)
+        assert math.isnan(h.snr_batch)  # a batch averages nothing: not measured
         assert h.zo_cosine == pytest.approx(1.0, abs=1e-4)
         assert h.fd_rel_error < 1e-3
         # Each world trains its own actions: a batch averages no starts, so snr is not in the rule.
@@ -137,7 +195,7 @@ def test_one_start_of_a_shared_parameter_is_judged_by_zo_cosine_alone():
     settings = DiagnoseSettings(samples=2, zo_pairs=3, fd_directions=1)
     make = lambda steps, segmented: LinearEnv(horizon=steps, world_count=1, rate=RATE, dt=DT, device="cpu")  # noqa: E731
     found = diagnose(make, TrainQuantities(), linear_loss(), settings, horizons=[4, 8], training_worlds=1)
-    assert all(math.isnan(h.snr) and h.trusted for h in found.horizons)
+    assert all(math.isnan(h.snr) and math.isnan(h.snr_batch) and h.trusted for h in found.horizons)
     assert "one start" in found.trust_rule and "snr" not in found.verdict()
 
 
@@ -155,11 +213,13 @@ def test_diagnose_on_the_cartpole_writes_its_json_picture_and_table(tmp_path):
     for h in found["horizons"]:
         assert set(h) >= {"steps", "grad_norm_median", "grad_norm_p90", "snr", "zo_cosine", "fd_rel_error", "trusted"}
         assert h["grad_norm_median"] > 0 and -1 <= h["zo_cosine"] <= 1
+        assert h["snr_batch"] is None  # open loop: every world trains its own actions
     assert set(found["recommended"]) >= {"window", "clip_max_norm"}
     assert "growth_rate_per_s" in found and found["settings"]["zo_pairs"] == 4
     assert (out / "diagnose.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "snr/start snr/batch" in done.stdout
     rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["4"], ["16"])]
-    assert [r[0] for r in rows] == ["4", "16"]
+    assert [r[0] for r in rows] == ["4", "16"] and all(r[5] == "-" for r in rows)
 
 
 def test_a_bad_diagnose_setting_is_one_line_and_exit_2(tmp_path):
@@ -202,6 +262,7 @@ def test_diagnose_every_logs_the_measures_and_leaves_training_unchanged(tmp_path
         runs[name] = _scalars(tmp_path / name)
     measured = runs["measured"]
     assert [step for step, _ in measured[tags.DIAGNOSE_SNR]] == [2, 4]
+    assert tags.DIAGNOSE_SNR_BATCH not in measured  # open loop: a batch averages no starts
     assert all(-1 <= v <= 1 for _, v in measured[tags.DIAGNOSE_ZO_COSINE])
     assert all(v > 0 for _, v in measured[tags.DIAGNOSE_GRAD_NORM_MEDIAN])
     for tag, values in runs["plain"].items():  # training's own curves are the same, bit for bit
@@ -211,8 +272,8 @@ def test_diagnose_every_logs_the_measures_and_leaves_training_unchanged(tmp_path
 
 def _same_measures(one: list, other: list) -> None:
     for a, b in zip(one, other, strict=True):
-        for field in ("steps", "grad_norm_median", "grad_norm_p90", "snr", "zo_cosine", "fd_rel_error", "trusted",
-                      "zo_cosine_full", "batch_grad_norm_p90", "loss"):  # fmt: skip
+        for field in ("steps", "grad_norm_median", "grad_norm_p90", "snr", "snr_batch", "zo_cosine", "fd_rel_error",
+                      "trusted", "zo_cosine_full", "batch_grad_norm_p90", "loss"):  # fmt: skip
             x, y = getattr(a, field), getattr(b, field)
             assert x == y or (math.isnan(x) and math.isnan(y)), (a.steps, field, x, y)
 
@@ -262,4 +323,6 @@ def test_long_horizons_in_captured_segments_measure_what_one_tape_measures(tmp_p
         "diagnose.fd_directions=1", "hydra.run.dir=run", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "diagnose at iteration 2: 24 steps" in done.stdout
+    assert "diagnose at iteration 2: 24 steps, snr_batch " in done.stdout
+    logged = _scalars(tmp_path / "run")  # the shared masses: the batch's snr is logged beside one start's
+    assert [step for step, _ in logged[tags.DIAGNOSE_SNR_BATCH]] == [2] and tags.DIAGNOSE_SNR in logged
