@@ -985,6 +985,22 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
 
     # -- one rollout -------------------------------------------------------------------------------
 
+    def reset(self) -> None:
+        super().reset()
+        self._pose(self.state(0))
+
+    def restart(self, t: int, done: wp.array, key: wp.array) -> None:
+        super().restart(t, done, key)
+        self._pose(self.current(t))
+
+    def _pose(self, state: newton.State) -> None:
+        """The body poses and twists of a State whose joint coordinates were just written (a reset,
+        a restart): what an observation and the step's first collision read (recorded: the gradient
+        reaches the joint coordinates through them)."""
+        import newton
+
+        newton.eval_fk(self.model, state.joint_q, state.joint_qd, state)
+
     def act(self, t: int, actions: wp.array) -> None:
         wp.launch(
             _apply_actions, dim=(self.world_count, len(self.layout.actuated_dofs)),
@@ -993,12 +1009,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         )  # fmt: skip
 
     def step(self, t: int) -> None:
-        import newton
-
         slot, cfg = self.store(t), self.config
         source, last = self.current(t), self.state(t + 1)
-        # a reset or a restart wrote the joint coordinates only: the first substep collides body poses
-        newton.eval_fk(self.model, source.joint_q, source.joint_qd, source)
         contacts = None
         for k in range(cfg.substeps):
             target = self.substeps.target(slot, k, last)
@@ -1172,8 +1184,8 @@ def settle(cfg: RobotConfig, device: wp.context.Devicelike = None) -> str | None
     """Why one world of ``cfg``'s robot, unactuated and without start noise, does not come to rest
     within ``cfg.settle_time`` seconds; None when it does. It has not when its root goes non-finite,
     rises more than :data:`UP_TOLERANCE` above its start, or still moves faster than
-    :data:`SETTLE_SPEED` at the end (a robot that folds up and lies down has come to rest). One control step is captured and
-    replayed (cached per file and physical settings for the process)."""
+    :data:`SETTLE_SPEED` at the end (a robot that folds up and lies down has come to rest). One
+    control step is captured and replayed (cached per file and physical settings for the process)."""
     quiet = dataclasses.replace(
         cfg, world_count=1, horizon=1, settle_time=0.0, seed=0, noise_position=0.0, noise_rotation=0.0,
         noise_joint_q=0.0, noise_joint_qd=0.0,

@@ -53,7 +53,9 @@ def newton_loop(env, steps: int, iterations: int) -> float:
     from envs.featherstone import FEATHERSTONE_SCRATCH
 
     model, cfg, layout = env.model, env.config, env.layout
-    solver = newton.solvers.SolverFeatherstone(model, angular_damping=0.0, update_mass_matrix_interval=cfg.mass_matrix_every)
+    solver = newton.solvers.SolverFeatherstone(
+        model, angular_damping=0.0, update_mass_matrix_interval=cfg.mass_matrix_every
+    )
     pipeline = newton.CollisionPipeline(model, requires_grad=False, rigid_contact_max=env.pipeline.rigid_contact_max)
     substeps = cfg.substeps
     states = [model.state(requires_grad=True) for _ in range(steps * substeps + 1)]
@@ -76,8 +78,10 @@ def newton_loop(env, steps: int, iterations: int) -> float:
         with tape:
             i = 0
             for t in range(steps):
-                wp.launch(_set_actions, dim=(env.world_count, len(layout.actuated_dofs)),
-                          inputs=[actions, dofs, t, 200.0, layout.dof_count], outputs=[controls[t].joint_f])  # fmt: skip
+                wp.launch(
+                    _set_actions, dim=(env.world_count, len(layout.actuated_dofs)),
+                    inputs=[actions, dofs, t, 200.0, layout.dof_count], outputs=[controls[t].joint_f],
+                )  # fmt: skip
                 for k in range(substeps):
                     source, target = states[i], states[i + 1]
                     pipeline.collide(source, contacts[i])
@@ -88,7 +92,9 @@ def newton_loop(env, steps: int, iterations: int) -> float:
                     source.clear_forces()
                     solver.step(source, target, controls[t], contacts[i], cfg.dt / substeps)
                     i += 1
-            wp.launch(_forward_velocity, dim=env.world_count, inputs=[states[-1].body_qd, layout.body_count], outputs=[loss])
+            wp.launch(
+                _forward_velocity, dim=env.world_count, inputs=[states[-1].body_qd, layout.body_count], outputs=[loss]
+            )
         tape.backward(loss)
         tape.zero()
 

@@ -7,19 +7,22 @@ the settle check; the locomotion figures."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+
 import numpy as np
 import pytest
 import warp as wp
 
 from envs.robot import RobotConfig, RobotEnv, episode_figures
-from harness import build, config
+from harness import build, checkpoint, config
 from harness.gradcheck import check_gradients, contact_phase
 from harness.losses import WeightedLoss
 from harness.memory import segmented_forward_backward
 from harness.tasks import OpenLoop, prepare
 from harness.tasks import shac_kernels as k
 from harness.training.step import check_capture, taped_rollout, zero_grads
-from tests.test_checkpoint import train
+from tests.test_checkpoint import final_checkpoint, newest_iteration, start, train, wait_for
 from tests.test_errors import assert_clean_rejection
 
 REWARD = {"reward": {"source": "reward", "kind": "reward"}}
@@ -30,7 +33,7 @@ QUICK = ("env.settle_time=0", "env.substeps=4", "env.mass_matrix_every=4")
 
 def ant(*overrides: str) -> RobotEnv:
     """The Ant preset as the harness composes it, with ``overrides``."""
-    cfg, choices = config.compose_config("train", ["+env=ant", "device=cpu", *overrides])
+    cfg, _ = config.compose_config("train", ["+env=ant", "device=cpu", *overrides])
     return build.build_env(cfg, "cpu", None, None)
 
 
@@ -214,7 +217,9 @@ def test_a_file_that_does_not_come_to_rest_is_refused_in_one_line(tmp_path):
     args = ["env.start_joint_q=[3,3,3,3,3,3,3,3]", "env.limit_ke=1e8", "env.substeps=1", "env.mass_matrix_every=1",
             "env.collide_every=1"]  # fmt: skip
     proc = train(["+env=ant", *args, "iterations=1"], tmp_path)
-    assert_clean_rejection(proc, "env.asset: 'newton:nv_ant.xml' does not come to rest unactuated", "settle_time=0", tmp_path)
+    assert_clean_rejection(
+        proc, "env.asset: 'newton:nv_ant.xml' does not come to rest unactuated", "settle_time=0", tmp_path
+    )
 
 
 def test_episode_figures_count_rewards_until_the_fall_and_the_forward_distance():
@@ -229,3 +234,103 @@ def test_episode_figures_count_rewards_until_the_fall_and_the_forward_distance()
     assert found["fall_fraction"] == 0.5
     assert found["forward_speed"] == pytest.approx((2.0 - 1.0) / 2 / (steps * dt))
     assert found["episode_length"] == (4 + 2) / 2
+
+
+def _one_substep_jacobian(env: RobotEnv, collide: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Tape and central differences (contact set frozen, as the tape sees it) of a random projection
+    of the velocities after one substep with respect to the joint coordinates before it, in contact."""
+    import newton
+
+    model = env.model
+    solver = newton.solvers.SolverFeatherstone(model, angular_damping=0.0)
+    pipeline = newton.CollisionPipeline(model, requires_grad=False)
+    before, after, contacts = model.state(requires_grad=True), model.state(requires_grad=True), pipeline.contacts()
+    weights = wp.array(np.random.default_rng(0).normal(size=model.joint_dof_count).astype(np.float32))
+    out = wp.zeros(1, dtype=wp.float32, requires_grad=True)
+    q0 = env.initial["joint_q"].numpy().copy()
+
+    @wp.kernel
+    def project(v: wp.array(dtype=wp.float32), w: wp.array(dtype=wp.float32), total: wp.array(dtype=wp.float32)):
+        i = wp.tid()
+        wp.atomic_add(total, 0, v[i] * w[i])
+
+    def run(q: np.ndarray, detect: bool) -> None:
+        before.joint_q.assign(q)
+        before.joint_qd.zero_()
+        out.zero_()
+        newton.eval_fk(model, before.joint_q, before.joint_qd, before)
+        if detect:
+            pipeline.collide(before, contacts)
+        before.clear_forces()
+        solver.step(before, after, None, contacts, 1.0 / 960.0)
+        wp.launch(project, dim=model.joint_dof_count, inputs=[after.joint_qd, weights], outputs=[out])
+
+    tape = wp.Tape()
+    with tape:
+        run(q0, True)
+    assert contacts.rigid_contact_count.numpy()[0] > 0
+    tape.backward(out)
+    grad = before.joint_q.grad.numpy().astype(np.float64)
+    fd = np.empty(len(q0))
+    for i in range(len(q0)):
+        values = []
+        for sign in (1.0, -1.0):
+            q = q0.copy()
+            q[i] += sign * 1.0e-3
+            run(q, False)
+            values.append(float(out.numpy()[0]))
+        fd[i] = (values[0] - values[1]) / 2.0e-3
+    return grad, fd
+
+
+@pytest.mark.parametrize("preset", ["ant", "quadruped"])
+def test_one_substep_through_contact_matches_central_differences(preset):
+    """With the contact set frozen (what the tape differentiates), the tape of one Featherstone substep
+    in ground contact equals central differences: the model's derivative is right (envs/featherstone.py)."""
+    height = {"ant": "env.start_height=0.55", "quadruped": "env.start_height=0.43"}[preset]
+    cfg, _ = config.compose_config("train", [f"+env={preset}", "env.world_count=1", "env.horizon=1", height, *QUICK])
+    env = build.build_env(cfg, "cpu", None, None)
+    grad, fd = _one_substep_jacobian(env, True)
+    scale = np.abs(fd).max()
+    np.testing.assert_allclose(grad, fd, rtol=2e-3, atol=2e-3 * scale)
+
+
+def test_newtons_own_featherstone_gets_the_contact_wrench_gradient_wrong():
+    """newton 1.8's eval_rigid_tau writes the external wrench it read (envs/featherstone.py): with it the
+    same check fails. When a newton release stops doing that, this test says the fix can go."""
+    from newton._src.solvers.featherstone import solver_featherstone
+
+    from envs import featherstone
+
+    cfg, _ = config.compose_config("train", ["+env=ant", "env.world_count=1", "env.horizon=1", "env.start_height=0.55",
+                                             *QUICK])  # fmt: skip
+    env = build.build_env(cfg, "cpu", None, None)
+    fixed = solver_featherstone.eval_rigid_tau
+    solver_featherstone.eval_rigid_tau = featherstone._FIXED["original"]
+    try:
+        grad, fd = _one_substep_jacobian(env, True)
+    finally:
+        solver_featherstone.eval_rigid_tau = fixed
+    scale = np.abs(fd).max()
+    assert np.abs(grad - fd).max() > 0.1 * scale
+
+
+def test_a_sigkilled_ant_run_resumes_bit_for_bit(tmp_path):
+    args = ["+env=ant", "task=shac", "env.world_count=2", "task.window=3", "task.critic_minibatches=2",
+            "task.critic_epochs=2", "task.actor.hidden=[16,16]", "task.critic.hidden=[16,16]", "iterations=40",
+            "checkpoint.every=3", "log_every=1", "plot_every=null", *QUICK]  # fmt: skip
+    straight = train([*args, f"hydra.run.dir={tmp_path / 'straight'}"], tmp_path)
+    assert straight.returncode == 0, straight.stderr
+    killed = tmp_path / "killed"
+    proc = start([*args, f"hydra.run.dir={killed}"], tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folder = checkpoint.checkpoint_dir(killed)
+    wait_for(lambda: any(checkpoint.list_checkpoints(folder)) and newest_iteration(folder) >= 6, proc, timeout=600)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert checkpoint.load(checkpoint.list_checkpoints(folder)[-1]).iteration < 40
+    resumed = train([*args, "resume=auto", f"hydra.run.dir={killed}"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = final_checkpoint(tmp_path / "straight"), final_checkpoint(killed)
+    assert a.iteration == b.iteration == 40
+    for key, value in a.arrays.items():
+        np.testing.assert_array_equal(value, b.arrays[key], err_msg=key)

@@ -77,7 +77,9 @@ class OpenLoop(Task):
         if self.init_noise > 0.0:
             draw = np.random.default_rng(self.seed).uniform(-self.init_noise, self.init_noise, shape)
             init = np.clip(self.init + draw, self.lower, self.upper).astype(np.float32)
-        spec = ParamSpec("controls", shape, init=init, lower=self.lower, upper=self.upper, fd_step=fd_step, world_axis=1)
+        spec = ParamSpec(
+            "controls", shape, init=init, lower=self.lower, upper=self.upper, fd_step=fd_step, world_axis=1
+        )
         return [spec]
 
     def begin(self, env: Env, params: ParamSet) -> None:
