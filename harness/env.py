@@ -333,6 +333,11 @@ class Env(abc.ABC):
         """Physical figures of a rollout worth reporting (host values); empty by default."""
         return {}
 
+    def blowup(self) -> str | None:
+        """Where the latest rollout left finite numbers (the step and what blew up: one phrase a
+        diverged run's message ends with), or None when the env cannot tell (the default)."""
+        return None
+
     def component_names(self) -> dict[str, list[str]]:
         """Names of an observable's components for plots (``harness render``), by observable,
         e.g. ``{"joint_q": ["cart position [m]", ...]}``; empty by default."""

@@ -7,6 +7,7 @@ the settle check; the locomotion figures."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 
@@ -334,3 +335,16 @@ def test_a_sigkilled_ant_run_resumes_bit_for_bit(tmp_path):
     assert a.iteration == b.iteration == 40
     for key, value in a.arrays.items():
         np.testing.assert_array_equal(value, b.arrays[key], err_msg=key)
+
+
+def test_a_run_that_blows_up_stops_diverged_naming_the_step_and_the_body(tmp_path):
+    # joints far outside very stiff limits, one substep, the settle check skipped: the first rollout blows up
+    args = ["+env=ant", "env.world_count=1", "env.horizon=4", "env.start_joint_q=[3,3,3,3,3,3,3,3]",
+            "env.limit_ke=1e8", "env.substeps=1", "env.mass_matrix_every=1", "env.collide_every=1",
+            "env.settle_time=0", "iterations=12", "log_every=1", "plot_every=null", "hydra.run.dir=run"]  # fmt: skip
+    proc = train(args, tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    line = [line for line in proc.stderr.splitlines() if line.startswith("error: diverged")]
+    assert line and "the simulation left finite numbers at step" in line[0] and "body '" in line[0], proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and "of world 0" in summary["diverged"]["simulation"]

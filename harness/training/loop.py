@@ -389,6 +389,9 @@ class Loop:
         self.fold_wall_time()
         tally = self.tally
         found = {"iteration": iteration, **self.divergence}
+        where = self.step.env.blowup()  # where the simulation left finite numbers, when the env can tell
+        if where:
+            found["simulation"] = where
         if tally.nonfinite_loss_since is not None:
             found["loss_nonfinite_since"] = tally.nonfinite_loss_since
         saved = self.last_checkpoint
@@ -412,6 +415,8 @@ class Loop:
             reason = f"the loss after the last iteration is {found['value']}"
         if what != "loss" and tally.nonfinite_loss_since is not None:
             reason += f"; the loss has been {_word(tally.last_loss)} since iteration {tally.nonfinite_loss_since}"
+        if found.get("simulation"):
+            reason += f"; {found['simulation']}"
         handled = handled_text(*tally.handled_steps(self.step.groups.values()))
         last = f"last good checkpoint: {saved}" if saved is not None else "no checkpoint was written before it"
         message = f"diverged at iteration {iteration}: {reason}; " + (f"{handled}; " if handled else "") + last
