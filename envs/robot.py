@@ -150,6 +150,9 @@ class RobotConfig(NewtonEnvConfig):
     limit_kd: float | None = field(None, minimum=0.0, doc="joint-limit damping [N m s/rad] (null: the file's)")
     contact_ke: float | None = field(None, minimum=0.0, doc="contact stiffness [N/m] (null: the file's)")
     contact_kd: float | None = field(None, minimum=0.0, doc="contact damping [N s/m] (null: the file's)")
+    contact_kd_depth: float | None = field(
+        None, minimum=0.0, doc="damping per metre of penetration [N s/m^2] in place of contact_kd (Hunt-Crossley; DiffRL)"
+    )
     contact_kf: float | None = field(None, minimum=0.0, doc="friction stiffness [N s/m] (null: the file's)")
     contact_mu: float | None = field(None, minimum=0.0, doc="friction coefficient (null: the file's)")
     self_collisions: bool = field(False, doc="collide the robot's own shapes with each other")
@@ -635,6 +638,35 @@ def _terminated(
     out[w] = ended
 
 
+@wp.func
+def _penetration(
+    body_q: wp.array(dtype=wp.transform),
+    shape_body: wp.array(dtype=wp.int32),
+    i: int,
+    shape0: wp.array(dtype=wp.int32),
+    shape1: wp.array(dtype=wp.int32),
+    point0: wp.array(dtype=wp.vec3),
+    point1: wp.array(dtype=wp.vec3),
+    normal: wp.array(dtype=wp.vec3),
+    margin0: wp.array(dtype=wp.float32),
+    margin1: wp.array(dtype=wp.float32),
+) -> float:
+    """How deep contact ``i`` is at ``body_q`` [m] (0 when apart): minus the distance newton's contact
+    force reads (semi_implicit.kernels_contact: the contact's frozen points and normal)."""
+    n = -normal[i]
+    pa = point0[i]
+    pb = point1[i]
+    if shape0[i] >= 0:
+        body = shape_body[shape0[i]]
+        if body >= 0:
+            pa = wp.transform_point(body_q[body], pa)
+    if shape1[i] >= 0:
+        body = shape_body[shape1[i]]
+        if body >= 0:
+            pb = wp.transform_point(body_q[body], pb)
+    return wp.max(-wp.dot(n, (pa - margin0[i] * n) - (pb + margin1[i] * n)), 0.0)
+
+
 @wp.kernel
 def _mark_contacts(
     body_q: wp.array(dtype=wp.transform),
@@ -649,30 +681,72 @@ def _mark_contacts(
     margin1: wp.array(dtype=wp.float32),
     touching: wp.array(dtype=wp.int32),
 ):
-    # 1 for every body with a contact of negative distance at body_q: the distance newton's contact
-    # force reads (semi_implicit.kernels_contact, the contact's frozen points and normal).
+    # 1 for every body with a contact of positive depth at body_q (_penetration)
     i = wp.tid()
     if i >= count[0]:
         return
-    a, b = shape0[i], shape1[i]
+    if _penetration(body_q, shape_body, i, shape0, shape1, point0, point1, normal, margin0, margin1) > 0.0:
+        if shape0[i] >= 0 and shape_body[shape0[i]] >= 0:
+            touching[shape_body[shape0[i]]] = 1
+        if shape1[i] >= 0 and shape_body[shape1[i]] >= 0:
+            touching[shape_body[shape1[i]]] = 1
+
+
+@wp.kernel
+def _hunt_crossley(
+    body_q: wp.array(dtype=wp.transform),
+    body_qd: wp.array(dtype=wp.spatial_vector),
+    body_com: wp.array(dtype=wp.vec3),
+    shape_body: wp.array(dtype=wp.int32),
+    count: wp.array(dtype=wp.int32),
+    shape0: wp.array(dtype=wp.int32),
+    shape1: wp.array(dtype=wp.int32),
+    point0: wp.array(dtype=wp.vec3),
+    point1: wp.array(dtype=wp.vec3),
+    normal: wp.array(dtype=wp.vec3),
+    margin0: wp.array(dtype=wp.float32),
+    margin1: wp.array(dtype=wp.float32),
+    kd_depth: float,
+    body_f: wp.array(dtype=wp.spatial_vector),
+):
+    # The damping force of contact i: kd_depth x depth x closing speed along the normal (Hunt and
+    # Crossley 1975; DiffRL's dflex), zero where the contact closes, so the force has no jump there
+    # (newton's contact kernel damps by a constant times the speed). Applied to both bodies as
+    # wrenches about their centres of mass, in newton's public convention (its contact kernel's
+    # frame and signs), so SolverFeatherstone adds it to the contact force it computes.
+    i = wp.tid()
+    if i >= count[0]:
+        return
     n = -normal[i]
+    body_a, body_b = int(-1), int(-1)
+    if shape0[i] >= 0:
+        body_a = shape_body[shape0[i]]
+    if shape1[i] >= 0:
+        body_b = shape_body[shape1[i]]
     pa = point0[i]
     pb = point1[i]
-    body_a, body_b = (-1), (-1)
-    if a >= 0:
-        body_a = shape_body[a]
-    if b >= 0:
-        body_b = shape_body[b]
+    va = wp.vec3(0.0)
+    vb = wp.vec3(0.0)
+    ra = wp.vec3(0.0)
+    rb = wp.vec3(0.0)
     if body_a >= 0:
-        pa = wp.transform_point(body_q[body_a], pa)
+        X = body_q[body_a]
+        pa = wp.transform_point(X, pa) - margin0[i] * n
+        ra = pa - wp.transform_point(X, body_com[body_a])
+        va = wp.spatial_top(body_qd[body_a]) + wp.cross(wp.spatial_bottom(body_qd[body_a]), ra)
     if body_b >= 0:
-        pb = wp.transform_point(body_q[body_b], pb)
-    d = wp.dot(n, (pa - margin0[i] * n) - (pb + margin1[i] * n))
-    if d < 0.0:
-        if body_a >= 0:
-            touching[body_a] = 1
-        if body_b >= 0:
-            touching[body_b] = 1
+        X = body_q[body_b]
+        pb = wp.transform_point(X, pb) + margin1[i] * n
+        rb = pb - wp.transform_point(X, body_com[body_b])
+        vb = wp.spatial_top(body_qd[body_b]) + wp.cross(wp.spatial_bottom(body_qd[body_b]), rb)
+    depth = -wp.dot(n, pa - pb)
+    if depth <= 0.0:
+        return
+    f = n * (wp.min(wp.dot(n, va - vb), 0.0) * kd_depth * depth)
+    if body_a >= 0:
+        wp.atomic_sub(body_f, body_a, wp.spatial_vector(f, wp.cross(ra, f)))
+    if body_b >= 0:
+        wp.atomic_add(body_f, body_b, wp.spatial_vector(f, wp.cross(rb, f)))
 
 
 @wp.kernel
@@ -785,6 +859,14 @@ def _lowest_point(builder: Any, model: Any, state: Any, up: int) -> float:
     return low
 
 
+class _Pose:
+    """Body poses and twists of one model (what ``newton.eval_fk`` writes), with gradients."""
+
+    def __init__(self, model: Any):
+        self.body_q = wp.zeros_like(model.body_q, requires_grad=True)
+        self.body_qd = wp.zeros_like(model.body_qd, requires_grad=True)
+
+
 class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmentable):
     """Any robot file on a ground plane; see :class:`RobotConfig` and the module docstring."""
 
@@ -816,6 +898,12 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         )
         self.collide_at = [k for k in range(cfg.substeps) if k % cfg.collide_every == 0]
         self.contacts = [[self.pipeline.contacts() for _ in self.collide_at] for _ in range(kept)]
+        # Hunt-Crossley damping (contact_kd_depth): every substep adds its contacts' damping wrenches to
+        # the State's external forces, from body poses and twists of its own (the State's body_q is
+        # written again inside the solver's step, and a tape sees one array's two writes as one)
+        self._poses: list[list[_Pose]] = []
+        if cfg.contact_kd_depth is not None:
+            self._poses = [[_Pose(self.model) for _ in range(cfg.substeps)] for _ in range(kept)]
         # per step kept: which bodies touch the ground after the step (contact_mask; gradcheck's phases)
         self._touching = wp.zeros((kept, self.model.body_count), dtype=wp.int32, device=self.device)
         self._write_host_starts(host_rng(cfg.seed))
@@ -855,7 +943,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
                     getattr(single, target)[d] = value
         shapes = _collision_shapes(single)
         ground = {}
-        materials = {"ke": cfg.contact_ke, "kd": cfg.contact_kd, "kf": cfg.contact_kf, "mu": cfg.contact_mu}
+        kd = 0.0 if cfg.contact_kd_depth is not None else cfg.contact_kd  # Hunt-Crossley replaces it
+        materials = {"ke": cfg.contact_ke, "kd": kd, "kf": cfg.contact_kf, "mu": cfg.contact_mu}
         for value, target in ((value, f"shape_material_{name}") for name, value in materials.items()):
             values = getattr(single, target)
             for s in shapes:
@@ -1019,6 +1108,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
                 self.pipeline.collide(source, contacts)
             self.substeps.prepare(slot, k)
             source.clear_forces()
+            if self._poses:
+                self._damp(source, contacts, self._poses[slot][k])
             self.solver.step(source, target, self.controls[slot], contacts, self.substep_dt)
             source = target
         touching = self._touching[slot]
@@ -1029,6 +1120,21 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
                     contacts.rigid_contact_shape1, contacts.rigid_contact_point0, contacts.rigid_contact_point1,
                     contacts.rigid_contact_normal, contacts.rigid_contact_margin0, contacts.rigid_contact_margin1],
             outputs=[touching], device=self.device,
+        )  # fmt: skip
+
+    def _damp(self, state: newton.State, contacts: newton.Contacts, pose: _Pose) -> None:
+        """Add the Hunt-Crossley damping of the substep from ``state`` to its external wrenches
+        (:func:`_hunt_crossley`), from its body poses and twists computed into ``pose``."""
+        import newton
+
+        newton.eval_fk(self.model, state.joint_q, state.joint_qd, pose)
+        wp.launch(
+            _hunt_crossley, dim=contacts.rigid_contact_max,
+            inputs=[pose.body_q, pose.body_qd, self.model.body_com, self.model.shape_body, contacts.rigid_contact_count,
+                    contacts.rigid_contact_shape0, contacts.rigid_contact_shape1, contacts.rigid_contact_point0,
+                    contacts.rigid_contact_point1, contacts.rigid_contact_normal, contacts.rigid_contact_margin0,
+                    contacts.rigid_contact_margin1, self.config.contact_kd_depth],
+            outputs=[state.body_f], device=self.device,
         )  # fmt: skip
 
     def write_observables(self, t: int) -> None:
@@ -1081,7 +1187,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         return self.slot(t) if self.config.per_step_states else 0
 
     def step_arrays(self) -> list[wp.array]:
-        return [self.joint_f, *self.substeps.arrays()]
+        poses = [a for poses in self._poses for pose in poses for a in (pose.body_q, pose.body_qd)]
+        return [self.joint_f, *self.substeps.arrays(), *poses]
 
     # -- what a run reports ------------------------------------------------------------------------
 
