@@ -151,7 +151,7 @@ class RobotConfig(NewtonEnvConfig):
     contact_ke: float | None = field(None, minimum=0.0, doc="contact stiffness [N/m] (null: the file's)")
     contact_kd: float | None = field(None, minimum=0.0, doc="contact damping [N s/m] (null: the file's)")
     contact_kd_depth: float | None = field(
-        None, minimum=0.0, doc="damping per metre of penetration [N s/m^2] in place of contact_kd (Hunt-Crossley; DiffRL)"
+        None, minimum=0.0, doc="damping per metre of depth [N s/m^2] in place of contact_kd (Hunt-Crossley; DiffRL)"
     )
     contact_kf: float | None = field(None, minimum=0.0, doc="friction stiffness [N s/m] (null: the file's)")
     contact_mu: float | None = field(None, minimum=0.0, doc="friction coefficient (null: the file's)")
@@ -718,7 +718,7 @@ def _hunt_crossley(
     if i >= count[0]:
         return
     n = -normal[i]
-    body_a, body_b = int(-1), int(-1)
+    body_a, body_b = wp.int32(-1), wp.int32(-1)
     if shape0[i] >= 0:
         body_a = shape_body[shape0[i]]
     if shape1[i] >= 0:
