@@ -2,10 +2,12 @@
 
 For a sampled flat index ``i``: ``fd_i = (L(x + eps e_i) - L(x - eps e_i)) / (2 eps)``, where
 ``2 eps`` is the float32 difference of the two perturbed entries actually used,
-and the relative error is ``|g_i - fd_i| / (max(|g_i|, |fd_i|) + atol)`` with
+and the relative error is ``max(|g_i - fd_i| - r_i, 0) / (max(|g_i|, |fd_i|) + atol)`` with
 ``atol = atol_fraction * max_j |g_j|`` over the sample, so entries whose gradient is
-numerically zero compared with the rest are judged on an absolute scale (float32
-finite differences cannot resolve them). The perturbed rollouts are one captured graph
+numerically zero compared with the rest are judged on an absolute scale, and ``r_i =
+FLOAT32_QUANTA * ulp(L) / (2 eps)`` the resolution of the difference itself: the loss is a
+float32 number, so a disagreement of fewer than a few of its last bits says nothing (a robot's
+small entries, whose differences come out as whole multiples of that quantum). The perturbed rollouts are one captured graph
 replayed, where the env and task keep the capture contract.
 
 Through contact (an env with ``touching()``, :class:`envs.robot.RobotEnv`), every sampled action
@@ -79,6 +81,10 @@ class GradcheckResult:
             lines.append(line + (f" {phase:>20}" if self.phases else ""))
         return "\n".join(lines)
 
+
+FLOAT32_QUANTA = 4.0
+"""Last bits of the float32 loss a central difference must exceed to be judged (module docstring):
+the loss sums float32 terms, each rounded, so its last two or three bits are noise."""
 
 PHASES = ("flight", "stance", "touchdown", "lift-off", "touchdown+lift-off")
 """Contact phases of the steps an action entry acts on first (module docstring)."""
@@ -172,21 +178,26 @@ def check_gradients(
 
     step = params.fd_steps() if eps is None else np.full(params.size, eps)  # per entry, in flat-buffer order
 
-    def differences(scale: float) -> np.ndarray:
-        found = np.empty(len(indices))
+    quantum = float(np.spacing(np.float32(abs(loss_at(base)))))  # the loss's last bit
+
+    def differences(scale: float) -> tuple[np.ndarray, np.ndarray]:
+        found, resolution = np.empty(len(indices)), np.empty(len(indices))
         for n, i in enumerate(indices):
             plus, minus = base.copy(), base.copy()
             plus[i] += scale * step[i]
             minus[i] -= scale * step[i]
-            found[n] = (loss_at(plus) - loss_at(minus)) / (float(plus[i]) - float(minus[i]))
-        return found
+            width = float(plus[i]) - float(minus[i])
+            found[n] = (loss_at(plus) - loss_at(minus)) / width
+            resolution[n] = FLOAT32_QUANTA * quantum / width
+        return found, resolution
 
-    fd = differences(1.0)
+    fd, resolution = differences(1.0)
     g = grad[indices]
     atol = atol_fraction * float(np.max(np.abs(g))) if len(g) else 0.0
 
-    def error(other: np.ndarray) -> np.ndarray:
-        return np.abs(g - other) / (np.maximum(np.abs(g), np.abs(other)) + atol + 1e-30)
+    def error(other: np.ndarray, resolution: np.ndarray) -> np.ndarray:
+        beyond = np.maximum(np.abs(g - other) - resolution, 0.0)
+        return beyond / (np.maximum(np.abs(g), np.abs(other)) + atol + 1e-30)
 
     phases = coarse = None
     if touching is not None:
@@ -196,6 +207,7 @@ def check_gradients(
         coarse = differences(coarse_factor) if coarse_factor > 0 else None
     params.data.assign(base)
     result = GradcheckResult(
-        indices, g, fd, error(fd), tolerance, phases, coarse, None if coarse is None else error(coarse), coarse_factor
-    )
+        indices, g, fd, error(fd, resolution), tolerance, phases,
+        None if coarse is None else coarse[0], None if coarse is None else error(*coarse), coarse_factor,
+    )  # fmt: skip
     return result, params
