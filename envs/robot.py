@@ -572,14 +572,16 @@ def _record(
     height_reference: float,
     termination_height: float,
     termination_up: float,
+    alive: wp.array(dtype=wp.float32),
     base: wp.array(dtype=wp.int32),
     offset: int,
     reward: wp.array3d(dtype=wp.float32),
     root_position: wp.array3d(dtype=wp.float32),
     terminated: wp.array3d(dtype=wp.float32),
 ):
-    # Row base[0] + offset of the step's observables, for one world: every weighted reward term,
-    # the root's position, and whether the state ends the episode (no gradient through that).
+    # Row base[0] + offset of the step's observables, for one world: every weighted reward term
+    # (0 once the world's episode has ended before the step: alive), the root's position, and
+    # whether the state ends the episode (no gradient through that).
     w = wp.tid()
     row = base[0] + offset
     X = body_q[w * body_count + root]
@@ -607,7 +609,7 @@ def _record(
                 value = value - over * over
         else:
             value = 1.0
-        reward[row, w, k] = weights[k] * value
+        reward[row, w, k] = weights[k] * value * alive[w]
     for d in range(3):
         root_position[row, w, d] = p[d]
     height = wp.dot(p, up)
@@ -750,6 +752,25 @@ def _hunt_crossley(
 
 
 @wp.kernel
+def _survive(
+    body_q: wp.array(dtype=wp.transform),
+    root: int,
+    body_count: int,
+    up: wp.vec3,
+    termination_height: float,
+    termination_up: float,
+    before: wp.array(dtype=wp.float32),
+    after: wp.array(dtype=wp.float32),
+):
+    # alive after the step: alive before it, and the step's result does not end the episode
+    w = wp.tid()
+    X = body_q[w * body_count + root]
+    height = wp.dot(wp.transform_get_translation(X), up)
+    ended = height < termination_height or _axis_of(wp.transform_get_rotation(X), up, up) < termination_up
+    after[w] = wp.where(ended or not wp.isfinite(height), 0.0, before[w])
+
+
+@wp.kernel
 def _draw_starts(
     seed: int,
     key: wp.array(dtype=wp.int32),
@@ -766,6 +787,7 @@ def _draw_starts(
     joint_q: wp.array(dtype=wp.float32),
     joint_qd: wp.array(dtype=wp.float32),
     prev_action: wp.array(dtype=wp.float32),
+    alive: wp.array(dtype=wp.float32),
 ):
     # One world's fresh start, seeded by (seed, key[0]) then the world: the draws in a fixed order
     # (position, rotation axis and angle, joint coordinates, velocities).
@@ -791,6 +813,7 @@ def _draw_starts(
         joint_qd[w * dof_count + d] = wp.randf(rng, -velocity, velocity)
     for i in range(action_count):
         prev_action[w * action_count + i] = 0.0
+    alive[w] = 1.0
 
 
 # -- the robot's build ---------------------------------------------------------------------------
@@ -873,7 +896,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
     name = "robot"
     Config = RobotConfig
     segment_graph = True  # its kernels read the step as segment_base[0] + slot
-    state_fields = ("joint_q", "joint_qd", "prev_action")
+    state_fields = ("joint_q", "joint_qd", "prev_action", "alive")
 
     def __init__(self, config: RobotConfig | None = None, /, *, device: wp.context.Devicelike = None, **fields: Any):
         super().__init__(config, device=device, **fields)  # builds the model (build_model) and the States
@@ -921,6 +944,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
 
     def new_state(self, *, requires_grad: bool = True) -> Any:
         state = self.model.state(requires_grad=requires_grad)
+        # 1 until the world's episode has ended (an absorbing end: later rewards count 0)
+        state.alive = wp.ones(self.world_count, dtype=wp.float32, device=self.device, requires_grad=requires_grad)
         state.prev_action = wp.zeros(
             self.world_count * len(self.layout.actuated_dofs), dtype=wp.float32, device=self.device,
             requires_grad=requires_grad,
@@ -1059,6 +1084,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         self.initial["joint_q"].assign(q.astype(np.float32).ravel())
         self.initial["joint_qd"].assign(qd.astype(np.float32).ravel())
         self.initial["prev_action"].zero_()
+        self.initial["alive"].fill_(1.0)
 
     def draw_initial(self, key: wp.array) -> None:
         self.keep_built_initial()
@@ -1068,7 +1094,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             inputs=[DRAW_SEED_OFFSET + cfg.seed, key, self._base_q, self._noisy, int(layout.root_free),
                     layout.coord_count, layout.dof_count, cfg.noise_position, cfg.noise_rotation, cfg.noise_joint_q,
                     cfg.noise_joint_qd, len(layout.actuated_dofs)],
-            outputs=[self.initial["joint_q"], self.initial["joint_qd"], self.initial["prev_action"]],
+            outputs=[self.initial["joint_q"], self.initial["joint_qd"], self.initial["prev_action"],
+                     self.initial["alive"]],
             device=self.device,
         )  # fmt: skip
 
@@ -1112,6 +1139,13 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
                 self._damp(source, contacts, self._poses[slot][k])
             self.solver.step(source, target, self.controls[slot], contacts, self.substep_dt)
             source = target
+        cfg, layout = self.config, self.layout
+        wp.launch(
+            _survive, dim=self.world_count,
+            inputs=[last.body_q, layout.root_body, layout.body_count, self._up, _threshold(cfg.termination_height),
+                    _threshold(cfg.termination_up), self.current(t).alive],
+            outputs=[last.alive], device=self.device,
+        )  # fmt: skip
         touching = self._touching[slot]
         touching.zero_()
         wp.launch(
@@ -1147,8 +1181,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             inputs=[state.joint_q, state.body_q, state.body_qd, state.prev_action, self._terms, self._weights,
                     self._limit_coords, self._lower, self._upper, layout.root_body, layout.body_count,
                     layout.coord_count, len(layout.actuated_dofs), self._up, self._forward, cfg.height_reference,
-                    _threshold(cfg.termination_height), _threshold(cfg.termination_up), self.segment_base,
-                    row - self._base],
+                    _threshold(cfg.termination_height), _threshold(cfg.termination_up), self.current(t).alive,
+                    self.segment_base, row - self._base],
             outputs=[self.observed["reward"], self.observed["root_position"], self.observed["terminated"]],
             device=self.device,
         )  # fmt: skip

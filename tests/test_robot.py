@@ -28,7 +28,7 @@ from tests.test_errors import assert_clean_rejection
 
 REWARD = {"reward": {"source": "reward", "kind": "reward"}}
 
-QUICK = ("env.settle_time=0", "env.substeps=4", "env.mass_matrix_every=4")
+QUICK = ("env.settle_time=0", "env.substeps=4", "env.mass_matrix_every=4", "env.collide_every=4")
 """A cheaper Ant for tests that check plumbing, not physics: 4 substeps (stable for a few steps)."""
 
 
