@@ -12,6 +12,7 @@ creates a folder. Everything below this module receives plain Python objects; th
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -285,6 +286,11 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
             raise ConfigError(
                 "resume: a checkpoint path cannot be shared by the jobs of a multirun; accepted: null, auto"
             )
+        if choices.get("hydra/launcher") == "ray" and importlib.util.find_spec("ray") is None:
+            raise ConfigError(
+                "hydra/launcher=ray: Ray is not installed; accepted: pip install -e '.[ray]', or another "
+                "launcher (joblib, submitit_local, submitit_slurm)"
+            )
         return None
     folder = None if resume is None else check_resume(str(resume), given.get("hydra.run.dir"), cfg, run)
     from harness import limits  # the run's memory against what is free, before anything is allocated
@@ -432,6 +438,37 @@ def evaluation_config(cfg: DictConfig, task_class: Any = None) -> None:
         for key in getattr(task_class, "training_only", ()):
             if key in cfg.task:
                 cfg.task[key] = None
+
+
+def episode_evaluator(cfg: DictConfig, choices: Mapping[str, Any] | None) -> tuple[Any, str | None]:
+    """For a policy task (one with settings that only shape training, :attr:`harness.tasks.Task.training_only`:
+    ``task=policy``, ``task=shac``), what rolls out whole episodes from the env's own starts
+    while it trains (:class:`harness.training.Episodes`): the run's config as ``harness evaluate``
+    builds it (:func:`evaluation_config`), its own env, task, loss and state. Other tasks: None.
+
+    Returns:
+        The evaluator (or None), and why a policy run gets none: its episodes would not fit in
+        the memory left (checked as ``harness evaluate`` checks it), or they cannot be built.
+    """
+    import copy
+
+    from harness import limits
+    from harness.training import Episodes
+
+    klass = task_class(cfg)
+    if not getattr(klass, "training_only", ()):
+        return None, None
+    probe = copy.deepcopy(cfg)
+    evaluation_config(probe, klass)
+    try:
+        run = validate(probe, choices)
+        env_config = run.task.evaluation_config(check_env_fields(probe)[1])
+        limits.check_memory(probe, run, env_config=env_config, training=False)
+        run = build_run(probe, choices, evaluation=True)
+        trainer = run.trainer()
+    except (ConfigError, ValueError) as exc:
+        return None, first_line(exc)
+    return Episodes(run.env, run.task, run.loss, trainer.step.state), None
 
 
 @dataclasses.dataclass

@@ -533,10 +533,34 @@ def multiply(*factors: int) -> int:
     return product
 
 
+def ray_private_only(value: Any, address: str | None) -> Any:
+    """``${harness.ray_private_only:VALUE,${.address}}``: ``VALUE`` when ``ray.init(address=...)``
+    starts a private Ray on this machine, else None. Ray refuses some fields
+    (``object_store_memory``) when it joins a running cluster, whose nodes have their own
+    (``ray start --object-store-memory``); hydra-ray-launcher sets a default for it whatever the
+    address, so the preset sets it through this (configs/hydra/launcher/ray.yaml).
+
+    Ray joins a cluster for any address but ``local``, and for none when ``RAY_ADDRESS`` names
+    one or a cluster started with ``ray start`` runs on this machine (asked of Ray itself; when
+    that cannot be asked, None: a field Ray then sizes itself)."""
+    if address == "local":
+        return value
+    if address is not None or os.environ.get("RAY_ADDRESS"):
+        return None
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        joins = canonicalize_bootstrap_address(None) is not None
+    except Exception:  # Ray's own lookup changed or failed: leave the field to Ray
+        return None
+    return None if joins else value
+
+
 def register_resolvers() -> None:
     """Register the configs' resolvers: ``harness.run_name_suffix`` and ``harness.unique``
     (:func:`unique_folder`) of ``hydra.run.dir`` and ``hydra.sweep.dir``,
-    ``harness.div`` (integer division), ``harness.mul`` (a product)."""
+    ``harness.div`` (integer division), ``harness.mul`` (a product), ``harness.ray_private_only``
+    (:func:`ray_private_only`, the Ray launcher's fields for a private Ray)."""
     if not OmegaConf.has_resolver("harness.run_name_suffix"):
         OmegaConf.register_new_resolver("harness.run_name_suffix", run_name_suffix)
     if not OmegaConf.has_resolver("harness.unique"):
@@ -546,6 +570,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("harness.div", divide)
     if not OmegaConf.has_resolver("harness.mul"):
         OmegaConf.register_new_resolver("harness.mul", multiply)
+    if not OmegaConf.has_resolver("harness.ray_private_only"):
+        OmegaConf.register_new_resolver("harness.ray_private_only", ray_private_only)
 
 
 def compose_config(config_name: str, overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:

@@ -27,7 +27,9 @@ line naming it, before anything is built.
 - :class:`Segmentable`: save and restore what a segment needs (``memory.segment_steps``);
 - :class:`Identifiable`: named physical quantities a task trains or fits (``physical``,
   ``initial``, ``sysid``, ``harness record``);
-- :class:`Renderable`: a Newton model and its State after every step (``harness render``).
+- :class:`Renderable`: a Newton model and its State after every step (``harness render``);
+- :class:`Plant`: a real system beside the rollouts, advanced one control step at a time by
+  what the rollouts planned (``task=mpc``).
 
 What is trained is the task's choice (:mod:`harness.tasks`): the actions of every step
 (open loop), a policy's weights, or named quantities. :func:`harness.tasks.rollout` drives
@@ -100,6 +102,7 @@ __all__ = [
     "Env",
     "EnvConfig",
     "Identifiable",
+    "Plant",
     "PolicyEnv",
     "Quantity",
     "Renderable",
@@ -538,7 +541,49 @@ class Renderable(abc.ABC):
         """The Newton ``State`` holding the simulation after ``t`` steps."""
 
 
-ROLES = (PolicyEnv, DrawsStarts, CarriesState, Restarts, Terminates, Segmentable, Identifiable, Renderable)
+class Plant(abc.ABC):
+    """Role: a real system beside the rollouts (``task=mpc``). The rollouts plan from its current
+    state; it advances one control step at a time under the first action of the best plan, and
+    it has a goal whose distance the task reports. Its time is the frame, a device counter, so a
+    captured control step replays for every frame."""
+
+    summary: ClassVar[str] = "plan_from_plant/advance/plant_error: a real system the rollouts plan for (task=mpc)"
+
+    plant_model: Any
+    """The Newton model of the real system (``harness render`` draws the flight)."""
+
+    @abc.abstractmethod
+    def reset_plant(self) -> None:
+        """Put the real system back at its initial state (before frame 0)."""
+
+    @abc.abstractmethod
+    def set_frame(self, frame: wp.array) -> None:
+        """The real system's time is frame ``frame[0]`` (int32 device array): update what depends on
+        it (the drone's current target), on the device."""
+
+    @abc.abstractmethod
+    def plan_from_plant(self, keep: wp.array) -> None:
+        """Make the real system's current state the initial state of every world of the next
+        rollouts, except where ``keep[0]`` is 1 (int32 device array): the initial state stays as it was."""
+
+    @abc.abstractmethod
+    def advance(self, action: wp.array) -> None:
+        """Step the real system one control step under ``action``, float32 ``(action_dim,)``."""
+
+    @abc.abstractmethod
+    def plant_error(self, out: wp.array) -> None:
+        """Write the distance of the real system to its goal [m] into ``out[0]`` (float32 device array)."""
+
+    @abc.abstractmethod
+    def plant_state(self) -> dict[str, wp.array]:
+        """The arrays that hold the real system (a checkpoint keeps them, so a run resumes mid-flight)."""
+
+    @abc.abstractmethod
+    def plant_pose(self) -> wp.array:
+        """The real system's body transforms now, ``(bodies,)`` of ``wp.transform`` (a flight is drawn from them)."""
+
+
+ROLES = (PolicyEnv, DrawsStarts, CarriesState, Restarts, Terminates, Segmentable, Identifiable, Renderable, Plant)
 """Every role an env may play, besides the core."""
 
 

@@ -7,8 +7,8 @@ and the relative error is ``max(|g_i - fd_i| - r_i, 0) / (max(|g_i|, |fd_i|) + a
 numerically zero compared with the rest are judged on an absolute scale, and ``r_i =
 FLOAT32_QUANTA * ulp(L) / (2 eps)`` the resolution of the difference itself: the loss is a
 float32 number, so a disagreement of fewer than a few of its last bits says nothing (a robot's
-small entries, whose differences come out as whole multiples of that quantum). The perturbed rollouts are one captured graph
-replayed, where the env and task keep the capture contract.
+small entries, whose differences come out as whole multiples of that quantum). The perturbed
+rollouts are one captured graph replayed, where the env and task keep the capture contract.
 
 Through contact (an env with ``touching()``, :class:`envs.robot.RobotEnv`), every sampled action
 entry gets the contact phase of the steps it acts on first (``phase_window`` steps from its own):

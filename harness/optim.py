@@ -8,6 +8,7 @@ one :class:`Optimizer` type that applies them, both to the trainer's flat
 - ``sgd``: :func:`sgd`, ``torch.optim.SGD`` (momentum, dampening, Nesterov, L2 decay).
 - ``adam``: :func:`adam`, ``torch.optim.Adam`` (L2 decay, AMSGrad).
 - ``adamw``: :func:`adamw`, ``torch.optim.AdamW`` (decoupled decay, AMSGrad).
+- ``adam_warp``: :func:`adam_warp`, ``warp.optim.Adam`` (what Newton's diffsim examples use).
 - ``sgd_schedulefree``, ``adamw_schedulefree``: :func:`sgd_schedulefree`,
   :func:`adamw_schedulefree`, the reference classes ``SGDScheduleFreeReference`` and
   ``AdamWScheduleFreeReference`` of facebookresearch/schedule_free (Defazio et al. 2024).
@@ -46,6 +47,7 @@ __all__ = [
     "OPTIMIZERS",
     "Optimizer",
     "adam",
+    "adam_warp",
     "adamw",
     "adamw_schedulefree",
     "build",
@@ -291,6 +293,15 @@ class SGDArgs:
     def check(self) -> None:
         if self.nesterov and not (self.momentum > 0.0 and self.dampening == 0.0):
             raise ValueError("nesterov: must be false unless momentum > 0 and dampening = 0, got True")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdamWarpArgs:
+    """:func:`adam_warp`'s arguments."""
+
+    lr: float = _lr()
+    betas: tuple[float, ...] = _betas()
+    eps: float = _eps()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -948,12 +959,84 @@ def adamw_schedulefree(
     )
 
 
+# --------------------------------------------------------------------------- Warp's Adam
+
+
+@wp.kernel
+def _adam_warp_kernel(
+    offset: int,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    lr: wp.array(dtype=wp.float32),
+    step: wp.array(dtype=wp.int32),
+    grad: wp.array(dtype=wp.float32),
+    param: wp.array(dtype=wp.float32),
+    exp_avg: wp.array(dtype=wp.float32),
+    exp_avg_sq: wp.array(dtype=wp.float32),
+):
+    # warp.optim.Adam's arithmetic, in float32: its t counts from 0 (step is already advanced)
+    i = wp.tid()
+    j = offset + i
+    g = grad[i]
+    t = float(step[0] - 1)
+    m = beta1 * exp_avg[j] + (1.0 - beta1) * g
+    v = beta2 * exp_avg_sq[j] + (1.0 - beta2) * g * g
+    exp_avg[j] = m
+    exp_avg_sq[j] = v
+    mhat = m / (1.0 - wp.pow(beta1, (t + 1.0)))
+    vhat = v / (1.0 - wp.pow(beta2, (t + 1.0)))
+    param[i] = param[i] - lr[0] * mhat / (wp.sqrt(vhat) + eps)
+
+
+@schema.checked(AdamWarpArgs, "optim")
+def adam_warp(lr: float = 1e-3, *, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8) -> Optimizer:
+    """Adam (Kingma & Ba 2015) with the arithmetic of ``warp.optim.Adam``, which Newton's diffsim
+    examples use (the bear): the bias corrections in float32 inside the update, ``p -= lr * m_hat /
+    (sqrt(v_hat) + eps)`` with ``m_hat = m / (1 - b1^t)``, ``v_hat = v / (1 - b2^t)``. The same
+    algorithm as :func:`adam` without decay; the two differ in the last bits of each step, so a
+    port trains bit for bit as its example with this one. State: ``"exp_avg"``, ``"exp_avg_sq"``.
+
+    Args:
+        lr: Learning rate, ``>= 0``; the initial ``state["lr"]``.
+        betas: ``(b1, b2)``, each in ``[0, 1)``.
+        eps: Added to the denominator, ``> 0``.
+
+    Returns:
+        The optimizer.
+    """
+    beta1, beta2 = betas
+
+    def advance(state: State) -> None:
+        wp.launch(_advance_step_kernel, dim=1, inputs=[state["step"]], device=state["step"].device)
+
+    def update(seg: _Segment, state: State) -> None:
+        wp.launch(
+            _adam_warp_kernel,
+            dim=seg.param.shape[0],
+            inputs=[seg.offset, beta1, beta2, eps, state["lr"], state["step"], seg.grad, seg.param,
+                    state["exp_avg"], state["exp_avg_sq"]],
+            device=seg.param.device,
+        )  # fmt: skip
+
+    return Optimizer(
+        name="adam_warp",
+        hyperparameters={"lr": lr, "betas": (beta1, beta2), "eps": eps},
+        _buffers=(("exp_avg", False), ("exp_avg_sq", False)),
+        _scalars=lambda device: {},
+        _advance=advance,
+        _update=update,
+        _tags=((tags.LR, "lr"),),
+    )
+
+
 # --------------------------------------------------------------------------- functional API
 
 OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {
     "sgd": sgd,
     "adam": adam,
     "adamw": adamw,
+    "adam_warp": adam_warp,
     "sgd_schedulefree": sgd_schedulefree,
     "adamw_schedulefree": adamw_schedulefree,
 }

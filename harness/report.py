@@ -78,6 +78,10 @@ class JobRow:
     norm_pre_median: float = math.nan
     curve_note: str = ""
     """Why the job has no loss curve (no event file, no loss in its events, unreadable events)."""
+    episode_return: float = math.nan
+    """A policy's mean return over whole episodes after training (``summary.json``'s ``episodes``)."""
+    upright: float = math.nan
+    """The same episodes' upright fraction."""
 
 
 def _overrides(job: Path) -> dict[str, str] | None:
@@ -155,6 +159,11 @@ def _read_job(job: Path) -> JobRow:
         return row
     row.final_loss = _number(summary, "final_loss")
     row.best_loss = _number(summary, "best_loss")
+    episodes = summary.get("episodes")
+    after = episodes.get("after") if isinstance(episodes, dict) else None
+    if isinstance(after, dict):
+        row.episode_return = _number(after, "episode_return")
+        row.upright = _number(after, "upright_fraction")
     row.nonfinite_steps = _number(summary, "nonfinite_steps")
     row.wall_time_s = _number(summary, "wall_time_s")
     total = _number(summary, "iterations")
@@ -317,10 +326,18 @@ def report_sweep(sweep_dir: Path) -> str:
     """Write report.csv and report.png into ``sweep_dir``; return the table as text."""
     rows, swept = collect(sweep_dir)
     rows.sort(key=_sort_key)
-    header = [*swept, "final_loss", "best_loss", "clipped", "nonfinite", "wall_s", "status"]
+    # A policy's whole episodes after training (the done line's figures), where a job has them.
+    episodes = [
+        (name, title, [getattr(row, name) for row in rows])
+        for name, title in (("episode_return", "return"), ("upright", "upright"))
+        if any(math.isfinite(getattr(row, name)) for row in rows)
+    ]
+    header = [*swept, *(title for _, title, _ in episodes), "final_loss", "best_loss", "clipped", "nonfinite"]
+    header += ["wall_s", "status"]
     table = [
         [
             *(_cell(row.overrides.get(k, "")) for k in swept),
+            *(_fmt(values[i], ".2f" if name == "upright" else ".4g") for name, _, values in episodes),
             _fmt(row.final_loss, ".6g"),
             _fmt(row.best_loss, ".6g"),
             _fmt(100 * row.clipped_fraction, ".0f") + ("%" if math.isfinite(row.clipped_fraction) else ""),
@@ -328,16 +345,17 @@ def report_sweep(sweep_dir: Path) -> str:
             _fmt(row.wall_time_s, ".1f"),
             _status_text(row),
         ]
-        for row in rows
+        for i, row in enumerate(rows)
     ]
     with atomic_output(sweep_dir / "report.csv") as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         columns = ["final_loss", "best_loss", "clipped_fraction", "nonfinite_steps", "wall_time_s", "status"]
-        writer.writerow([*swept, *columns, "error", "curve_points", "folder"])
+        writer.writerow([*swept, *(name for name, _, _ in episodes), *columns, "error", "curve_points", "folder"])
         for row in rows:
             writer.writerow(
                 [
                     *(row.overrides.get(k, "") for k in swept),
+                    *(getattr(row, name) for name, _, _ in episodes),
                     row.final_loss,
                     row.best_loss,
                     row.clipped_fraction,

@@ -1,11 +1,13 @@
 """Every TensorBoard tag the harness writes, named once.
 
-Tags are grouped by prefix, as CleanRL groups them: ``loss/`` (what is minimised),
+Tags are grouped by prefix, as CleanRL groups them: ``episode/`` (a policy's whole episodes
+from the env's own starts, ``task=policy`` and ``task=shac``), ``loss/`` (what is minimised),
 ``optim/`` (gradients, clipping, the optimizer), ``perf/`` (speed), ``rollout/`` (pictures of
 the rollout), ``through_time/`` (the state adjoint inside backward), ``diagnose/`` (can the
 gradient be trusted, ``diagnose.every``) and one prefix per task
 (``policy/``, ``sysid/``, ``shac/``). TensorBoard sorts the groups by name and opens the
-first two, so a run opens on its loss curves, then its gradient curves.
+first two, so a policy run opens on its episodes (is it learning?), then its loss curves, and
+any other run on its loss curves, then its gradient curves.
 
 A task that trains several parameter groups (SHAC's actor and critic) has each group's
 optimizer tags under the group's name: :func:`optim` gives ``optim/<stat>`` for a run with one
@@ -29,6 +31,9 @@ __all__ = [
     "DIAGNOSE_SNR_BATCH",
     "DIAGNOSE_TRUSTED",
     "DIAGNOSE_ZO_COSINE",
+    "EPISODE_LOSS",
+    "EPISODE_RETURN",
+    "EPISODE_UPRIGHT",
     "LOSS_BEST",
     "LOSS_FINAL",
     "LOSS_TOTAL",
@@ -44,6 +49,15 @@ __all__ = [
     "sysid",
     "task",
 ]
+
+EPISODE_RETURN = "episode/return"
+"""A policy's mean return over whole episodes from the env's own starts (its evaluation
+parameters, no exploration noise): before training (step 0), every few log steps and at
+the end; the figure of the done line, ``summary.json``'s ``episodes`` and the sweep report."""
+EPISODE_UPRIGHT = "episode/upright_fraction"
+"""The same episodes' share of steps with the pole upright (an env that defines it)."""
+EPISODE_LOSS = "episode/loss"
+"""The same episodes' loss (the configured loss over the whole horizon)."""
 
 LOSS_TOTAL = "loss/total"
 """The loss of the iteration (what backward started from)."""

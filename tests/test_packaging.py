@@ -39,6 +39,7 @@ def test_the_built_wheel_installs_into_a_fresh_venv_and_trains_from_another_fold
     configs = {p.relative_to(ROOT / "configs").as_posix() for p in (ROOT / "configs").rglob("*.yaml")}
     assert {n.removeprefix("harness/configs/") for n in names if n.startswith("harness/configs/")} == configs
     assert "envs/cartpole.py" in names and not any(n.startswith("configs/") for n in names)
+    assert "hydra_plugins/harness_ray_launcher/ray_launcher.py" in names  # hydra/launcher=ray
 
     # A fresh venv that sees this one's third-party packages (a .pth line adds the folder
     # without running its .pth files, so this checkout's editable install stays out), and
@@ -53,7 +54,10 @@ def test_the_built_wheel_installs_into_a_fresh_venv_and_trains_from_another_fold
         check=True,
     ).stdout.strip()
     Path(site, "shared_packages.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # --ignore-installed: pip sees this checkout's editable install through the .pth line and
+    # would keep it as "already installed"; nothing is uninstalled anywhere.
     install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index"]
+    install.append("--ignore-installed")
     subprocess.run([*install, str(wheel)], check=True, capture_output=True, timeout=300)
 
     work = tmp_path / "work"
@@ -80,6 +84,40 @@ def test_the_built_wheel_installs_into_a_fresh_venv_and_trains_from_another_fold
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((work / "run" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["iterations_done"] == 1
+
+
+def test_an_editable_install_finds_the_ray_launcher(tmp_path):
+    """``pip install -e .`` maps ``hydra_plugins/harness_ray_launcher`` through setuptools' import
+    finder, which Hydra's scan of ``hydra_plugins`` does not walk; the commands register it."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*SKIP))
+    fresh = tmp_path / "fresh"
+    venv.create(fresh, with_pip=False)
+    python = fresh / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site, "shared_packages.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index"]
+    install += ["--no-build-isolation", "--ignore-installed", "-e", str(source)]
+    subprocess.run(install, check=True, capture_output=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HARNESS_CONFIG_PATH", "VIRTUAL_ENV")}
+    name = "hydra_plugins.harness_ray_launcher.ray_launcher.RayLauncher"
+    code = (
+        "import harness; from hydra.core.plugins import Plugins; print(harness.__file__); "
+        f"print({name!r} in Plugins.instance().class_name_to_class); "
+        "from harness.commands.common import register_launchers; register_launchers(); "
+        f"print({name!r} in Plugins.instance().class_name_to_class)"
+    )
+    found = subprocess.run([str(python), "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr
+    where, scanned, registered = found.stdout.split()
+    assert where.startswith(str(source)), where  # the editable install, not this checkout
+    assert scanned == "False"  # Hydra's own scan misses it (why the commands register it)
+    assert registered == "True"
 
 
 def test_the_library_never_imports_the_bundled_envs():

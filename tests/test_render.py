@@ -7,7 +7,6 @@ import itertools
 import imageio.v2 as imageio
 import numpy as np
 import pytest
-import yaml
 
 from tests.helpers import run_harness as harness
 
@@ -85,12 +84,13 @@ def test_render_in_slow_motion_with_plots_and_recordings_newtons_viewer_file_rep
 
 
 def test_real_time_is_the_default_for_every_env_preset():
-    from harness.config import CONFIG_DIR
+    from harness.config import CONFIG_DIR, check_env_fields, compose_config
     from harness.video import MAX_FRAMES, playback_speed, real_time_frames, sample_steps, speed_text
 
     for preset in sorted((CONFIG_DIR / "env").glob("*.yaml")):
-        env = yaml.safe_load(preset.read_text())
-        horizon, dt = env["horizon"], env["dt"]
+        # composed: a preset may derive its horizon and step (the bear: frames x substeps)
+        _, env = check_env_fields(compose_config("train", [f"+env={preset.stem}"])[0])
+        horizon, dt = env.horizon, env.dt
         frames = real_time_frames(horizon, dt, 30)
         speed = playback_speed(sample_steps(horizon, frames), dt, 30)
         assert speed == pytest.approx(1.0, rel=0.02), preset.name

@@ -35,6 +35,7 @@ __all__ = [
     "fail",
     "raise_if_signalled",
     "record_signal",
+    "register_launchers",
     "run_dir_override",
     "run_hydra",
     "split_hydra_flags",
@@ -222,6 +223,7 @@ def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: 
     # Overrides first, Hydra's flags last: its parser takes the overrides as one positional
     # list, and a bare --info would take a following override as its value.
     config.register_resolvers()
+    register_launchers()
     # Hydra 1.3's @hydra.main takes its command line from sys.argv only (no public argument
     # for it): set for the call, restored afterwards.
     saved = sys.argv
@@ -242,6 +244,20 @@ def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: 
 
     if sweep.sweep_failed():  # a job failed or was killed: the sweep's line counted it
         sys.exit(1)
+
+
+def register_launchers() -> None:
+    """Make the harness's own Hydra launcher (``hydra/launcher=ray``,
+    ``hydra_plugins/harness_ray_launcher``) known to Hydra however the harness is installed.
+    Hydra finds plugins by walking its ``hydra_plugins`` package with ``pkgutil``, which does
+    not see a folder that setuptools' editable install maps through its import finder (``pip
+    install -e .``): registered here, the launcher works from a wheel, an editable install or a
+    checkout on ``PYTHONPATH`` alike. Neither Ray nor the harness's library is imported."""
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.harness_ray_launcher.ray_launcher import RayLauncher
+
+    Plugins.instance().register(RayLauncher)
 
 
 def _given(overrides: list[str]) -> dict[str, str]:

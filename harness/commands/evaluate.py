@@ -5,7 +5,10 @@ Loads a run's newest checkpoint (or ``checkpoint=<path>``), rebuilds its env wit
 own config plus ``env.<field>=value`` overrides (another seed, more worlds, a longer
 horizon), rolls out once at the evaluation parameters (ScheduleFree's average where the run
 used it), and writes ``eval.json``: the loss with its terms and the env's figures
-(``upright_fraction`` for the cartpole). The env is built as configured, whole horizon: a
+(``upright_fraction`` for the cartpole). A controller (``task=mpc``, whose run is a flight, not
+trained parameters) is run again from its start instead, for the env's ``frames``: the report
+holds the last frame's best cost as the loss and the flight's mean distance to the targets and
+its share of frames within 0.1 m of them. The env is built as configured, whole horizon: a
 policy trained in windows is evaluated over full episodes, from the env's own initial states
 (``env.seed``). Overrides that would change a parameter's shape (an open-loop task's horizon
 or world count) are refused in one line: a checkpoint's parameters keep their shapes. A loss
@@ -61,13 +64,19 @@ def evaluate_run(
         from harness.build import check_evaluation_memory  # refused before anything is allocated
 
         check_evaluation_memory(folder, list(overrides), device=device)
-        trained = trained_run(folder, list(overrides), checkpoint_name=checkpoint, device=device)
+        trained = trained_run(folder, list(overrides), checkpoint_name=checkpoint, device=device, load=False)
     step, env, loss = trained.trainer.step, trained.run.env, trained.run.loss
-    with step.at_eval_params():
-        loss.zero()
-        trajectory = rollout(env, step.task, step.params)
-        total = float(loss(trajectory).numpy()[0])
-    terms = dict(zip(loss.term_names, (float(v) for v in loss.term_values.numpy()), strict=True))
+    if step.task.replays:  # a controller (task=mpc): run again from its start, with a fresh trainer
+        total, figures, _ = step.task.replay(trained.trainer)
+        terms = {}
+    else:
+        trained.load()
+        with step.at_eval_params():
+            loss.zero()
+            trajectory = rollout(env, step.task, step.params)
+            total = float(loss(trajectory).numpy()[0])
+        terms = dict(zip(loss.term_names, (float(v) for v in loss.term_values.numpy()), strict=True))
+        figures = {**env.describe(trajectory), **step.task.figures(env, loss, trajectory)}
     report = {
         "run": str(run_dir),
         "checkpoint": str(trained.checkpoint.path),
@@ -81,7 +90,7 @@ def evaluate_run(
         },
         "loss": total,
         "loss_terms": terms,
-        "figures": {**env.describe(trajectory), **step.task.figures(env, loss, trajectory)},
+        "figures": figures,
     }
     if not math.isfinite(total):  # a rollout that blew up: the previous result stays
         report["written"] = None

@@ -16,6 +16,9 @@ checkpoint (the newest by default), and writes into ``RUN_DIR/render/``:
 - ``before.json`` / ``after.json``: the same frames as recordings of Newton's ``ViewerFile``,
   which Newton's viewers replay.
 
+A controller's run (``task=mpc``) is run again from its start and its real system drawn over its
+frames instead (one panel, ``rollout.mp4``, and the recording ``flight.json``).
+
 Only envs that play :class:`harness.env.Renderable` (a Newton model and its States) can be
 drawn. Every file is written under a temporary name and renamed when complete
 (:func:`harness.runs.atomic_output`), so a killed render leaves the previous files as they
@@ -91,6 +94,8 @@ def render_run(
         check_evaluation_memory(folder, [], device="cpu")
         trained = trained_run(folder, checkpoint_name=checkpoint, device="cpu", load=False)
     env, step = trained.run.env, trained.trainer.step
+    if step.task.replays:  # a controller's run is a flight: draw the real system it flew
+        return _render_flight(trained, out, frames=frames, fps=fps, speed=speed)
     if not isinstance(env, Renderable):
         raise RunError(f"render: env '{env.name}' does not play the role Renderable (no Newton model to draw)")
     params = step.params
@@ -143,6 +148,74 @@ def render_run(
     }
 
 
+def _render_flight(trained: Any, out: Path, *, frames: int | None, fps: int, speed: float | None) -> dict[str, Any]:
+    """A controller's run (``task=mpc``): run it again from its start (:meth:`harness.tasks.MPC.replay`)
+    and draw the real system over its frames, its targets as crosses: ``rollout.mp4`` and the
+    Newton recording ``flight.json``."""
+    import warp as wp
+
+    from harness.runs import OutputError
+    from harness.video import (
+        MAX_FRAMES,
+        RUN_COLOURS,
+        Frames,
+        Scene,
+        draw_video,
+        playback_speed,
+        real_time_frames,
+        sample_steps,
+        write_recording,
+    )
+
+    env = trained.run.env
+    if out.is_dir():  # refused before the replay, not after (the video was checked by the caller)
+        from harness.runs import check_writable
+
+        try:
+            check_writable(out / FLIGHT)
+        except OutputError as exc:
+            raise OutputError(f"render: {exc}") from None
+    _, figures, poses = trained.run.task.replay(trained.trainer)
+    count = poses.shape[0] - 1
+    dt = float(env.dt)
+    if frames is None:
+        frames = real_time_frames(count, dt, fps, speed or 1.0, cap=None if speed else MAX_FRAMES)
+    steps = sample_steps(count, frames)
+    shot = Frames(steps=steps, body_q=poses[steps], particle_q=None)
+    scene = Scene(env.plant_model)
+    targets = getattr(env, "targets", None)
+    if isinstance(targets, wp.array) and targets.dtype == wp.vec3:
+        scene.targets = targets.numpy().reshape(-1, 3)
+    try:
+        out.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"render: cannot make the folder '{out}' ({exc.strerror or exc})") from None
+    title = f"flight, {count} frames: mean distance {figures.get('mean_distance_m', float('nan')):.3f} m"
+    video = out / OUTPUTS[0]
+    try:
+        drawn, layout = draw_video(scene, [shot], [title], dt, video, fps=fps, colours=(RUN_COLOURS[1],))
+        write_recording(env.plant_model, shot, dt, out / FLIGHT)
+    except OutputError as exc:
+        raise OutputError(f"render: {exc}") from None
+    return {
+        "checkpoint": str(trained.checkpoint.path),
+        "video": str(video),
+        "frames": drawn,
+        "fps": fps,
+        "speed": playback_speed(steps, dt, fps),
+        "seconds": steps[-1] * dt,
+        "layout": layout,
+        "plot": None,
+        "panels": [],
+        "recordings": [str(out / FLIGHT)],
+        "flight": figures,
+    }
+
+
+FLIGHT = "flight.json"
+"""A controller's recording (``task=mpc``): the real system over the replayed frames."""
+
+
 def main(args: list[str]) -> None:
     """``render RUN_DIR [checkpoint=PATH] [fps=N] [speed=X | frames=N]``: video, plots and Newton recordings."""
     from harness.runs import RunError
@@ -185,7 +258,14 @@ def main(args: list[str]) -> None:
         f"{written['frames']} frames at {written['fps']} fps, {speed_text(written['speed'])}"
     )
     before, after = (c.removeprefix("tab:") for c in RUN_COLOURS)
-    print(f"  before training ({before}) {where} after training ({after}), from {written['checkpoint']}")
+    if "flight" in written:  # a controller's run: one panel, the flight replayed from its start
+        flight = written["flight"]
+        print(
+            f"  the controller replayed from frame 0 ({after}): mean distance to the target "
+            f"{flight.get('mean_distance_m', float('nan')):.3f} m"
+        )
+    else:
+        print(f"  before training ({before}) {where} after training ({after}), from {written['checkpoint']}")
     if written["frames"] == MAX_FRAMES and written["speed"] > 1.005 and not {"frames", "speed"} & set(numbers):
         print(f"  (faster than real time: at most {MAX_FRAMES} frames by default; speed=1 draws all real time needs)")
     if written["plot"]:

@@ -124,7 +124,7 @@ def _single_run(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
     try:
         with system_errors_in_one_line("train"):
             try:
-                trainer, extra = _prepare(cfg, hydra_cfg, run_dir)
+                trainer, extra, episodes = _prepare(cfg, hydra_cfg, run_dir)
             except (KeyboardInterrupt, Terminated) as exc:
                 if fresh:
                     shutil.rmtree(run_dir, ignore_errors=True)
@@ -136,7 +136,7 @@ def _single_run(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
                 if fresh:  # refused before anything of the run was written
                     shutil.rmtree(run_dir, ignore_errors=True)
                 raise
-            return _train(cfg, hydra_cfg, run_dir, trainer, extra)
+            return _train(cfg, hydra_cfg, run_dir, trainer, extra, episodes)
     except JobEnded as exc:
         print(exc.line, file=sys.stderr, flush=True)
         sys.exit(exc.code)
@@ -152,7 +152,9 @@ def _failed(run_dir: Path, resumed: bool, line: str) -> None:
         write_json(run_dir / "summary.json", {"status": "failed", "error": line})
 
 
-def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any, callbacks: list[Any]) -> float:
+def _train(
+    cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any, callbacks: list[Any], episodes: Any = None
+) -> float:
     import warp as wp
 
     from harness import checkpoint
@@ -172,6 +174,7 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any, callbac
             meta={"config": config.resolved_yaml(cfg)},
             label=label or None,
             callbacks=callbacks,
+            episodes=episodes,
         )
     except TrainingInterrupted as exc:
         again = [o for o in hydra_cfg.overrides.task if not o.startswith("resume=")]
@@ -203,8 +206,10 @@ def _train(cfg: DictConfig, hydra_cfg: Any, run_dir: Path, trainer: Any, callbac
         _failed(run_dir, cfg.get("resume") is not None and untrained, f"{type(exc).__name__}: {exc}")
         raise
     adjoint_logged = tags.ADJOINT_CLIPPED in trainer.step.columns  # the in-backward clip rescales
+    found = summary.get("episodes")  # a policy: whole episodes, not the loss of its last window
+    change = episode_change(found) if found else loss_change(summary["initial_loss"], summary["final_loss"])
     print(
-        f"{say}done: {loss_change(summary['initial_loss'], summary['final_loss'])}"
+        f"{say}done: {change}"
         + f", {summary['clipped_steps']} clipped steps"
         + (f" (adjoint clipped in {summary['adjoint_clipped_steps']})" if adjoint_logged else "")
         + f", {summary['wall_time_s']:.1f} s",
@@ -250,6 +255,29 @@ def fitted_lines(trainer: Any, summary: dict[str, Any]) -> list[str]:
             line += f" (truth {_values(true)})"
         lines.append(line)
     return lines
+
+
+def _figure(value: Any) -> str:
+    """A figure of the done line: whole numbers from 100 on, else 3 significant digits; ``?``
+    when unknown (a run resumed from a checkpoint that has no record of it)."""
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return "?" if value is None else str(value)
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def episode_change(episodes: dict[str, Any]) -> str:
+    """``return -1620 -> -470, upright 0.00 -> 1.00 (64 worlds, 240 steps)``: a policy's whole
+    episodes from the env's own starts before and after training (``summary.json``'s
+    ``episodes``); the episodes' loss where the env defines no return."""
+    before, after = episodes.get("before") or {}, episodes.get("after") or {}
+    if "episode_return" in after:
+        parts = [f"return {_figure(before.get('episode_return'))} -> {_figure(after['episode_return'])}"]
+    else:
+        parts = [f"episode loss {_figure(before.get('loss'))} -> {_figure(after.get('loss'))}"]
+    if "upright_fraction" in after:
+        start = before.get("upright_fraction")
+        parts.append(f"upright {'?' if start is None else f'{start:.2f}'} -> {after['upright_fraction']:.2f}")
+    return ", ".join(parts) + f" ({episodes.get('worlds')} worlds, {episodes.get('steps')} steps)"
 
 
 def loss_change(initial: float, final: float) -> str:
@@ -307,9 +335,10 @@ def _diagnose_callbacks(cfg: DictConfig, hydra_cfg: Any, trainer: Any) -> list[A
     return [found]
 
 
-def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> tuple[Any, list[Any]]:
-    """The run's trainer and its further callbacks (``diagnose.every``), after this process
-    has claimed the run folder.
+def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> tuple[Any, list[Any], Any]:
+    """The run's trainer, its further callbacks (``diagnose.every``) and a policy's episode
+    evaluator (:func:`harness.build.episode_evaluator`), after this process has claimed the
+    run folder.
 
     Raises:
         JobEnded: A refusal (the folder is in use or holds a run; the config, the checkpoint
@@ -351,13 +380,17 @@ def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> tuple[Any, list[
     ) as exc:  # ValueError: a task's check against the built env (a recording's initial state)
         raise JobEnded("failed", f"error: {str(exc).splitlines()[0]}", 2) from None
     callbacks = _diagnose_callbacks(cfg, hydra_cfg, trainer)
+    episodes, why = build.episode_evaluator(cfg, hydra_cfg.runtime.choices)
+    if why is not None:
+        label = f"{_job_label(hydra_cfg)} " if multirun else ""
+        print(f"{label}episodes: not reported (the done line gives the window loss): {why}", flush=True)
     if replace:  # overwrite=true: the earlier run goes only now that this one passed every check
         clear_run_folder(run_dir)
     if not (run_dir / "config.yaml").exists():
         from harness.runs import write_bytes
 
         write_bytes(run_dir / "config.yaml", config.resolved_yaml(cfg).encode())
-    return trainer, callbacks
+    return trainer, callbacks, episodes
 
 
 def main(rest: list[str]) -> None:

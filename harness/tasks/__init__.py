@@ -6,6 +6,8 @@ A task decides what the trainable parameters are and how they enter a rollout; t
 - ``open_loop`` (:class:`~harness.tasks.open_loop.OpenLoop`): one action per step and world.
 - ``policy`` (:class:`~harness.tasks.policy.Policy`): an MLP from observation to action.
 - ``shac`` (:class:`~harness.tasks.shac.SHAC`): SHAC's actor and critic (Xu et al. 2022).
+- ``mpc`` (:class:`~harness.tasks.mpc.MPC`): model-predictive control of the env's real
+  system, one frame per iteration.
 - ``sysid`` (:class:`~harness.tasks.sysid.SystemId`): physical quantities fitted to a
   recorded trajectory.
 - ``physical`` and ``initial`` (:class:`~harness.tasks.quantities.TrainQuantities`): named
@@ -28,12 +30,13 @@ from harness.tasks.base import SINGLE_GROUP, Task, prepare, prepare_groups, roll
 from harness.tasks.open_loop import OpenLoop
 
 if TYPE_CHECKING:
+    from harness.tasks.mpc import MPC
     from harness.tasks.policy import Policy
     from harness.tasks.quantities import TrainQuantities
     from harness.tasks.shac import SHAC
     from harness.tasks.sysid import SystemId
 
-_LAZY = {"Policy": "policy", "TrainQuantities": "quantities", "SHAC": "shac", "SystemId": "sysid"}
+_LAZY = {"MPC": "mpc", "Policy": "policy", "TrainQuantities": "quantities", "SHAC": "shac", "SystemId": "sysid"}
 """Task classes imported on first use, by the module of this package that defines each."""
 
 
@@ -46,6 +49,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "MPC",
     "SHAC",
     "SINGLE_GROUP",
     "OpenLoop",

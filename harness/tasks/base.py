@@ -206,6 +206,16 @@ class Task(abc.ABC):
         """The actions of the latest rollout ``(horizon, world_count, action_dim)``, if the task drives actions."""
         return None
 
+    replays: ClassVar[bool] = False
+    """Whether the run's result is what its iterations did rather than a rollout at its parameters
+    (``task=mpc``: a flight): the final loss is :meth:`final_evaluation`'s, and ``harness evaluate``
+    and ``harness render`` run the task again from its start (the task's ``replay``)."""
+
+    def final_evaluation(self, step: Any) -> tuple[float, dict[str, Any]] | None:
+        """The final loss and figures of a run of a task that :attr:`replays`, from what its
+        iterations recorded; None (every other task): the trainer rolls out at the parameters."""
+        return None
+
 
 def rollout(env: Env, task: Task, params: ParamSet, *, after_step: StepHook | None = None) -> Trajectory:
     """Simulate ``env.horizon`` steps driven by ``task`` with ``params``.

@@ -28,6 +28,8 @@ from harness.schedules import Schedule
 from harness.tasks import OpenLoop, Task, prepare_groups
 from harness.training.callbacks import (
     Checkpointer,
+    EpisodeLog,
+    Episodes,
     HParamsRecord,
     ProgressLine,
     RolloutPlotLog,
@@ -54,6 +56,7 @@ __all__ = [
     "SINGLE",
     "Callback",
     "CaptureError",
+    "Episodes",
     "Group",
     "Loop",
     "Tally",
@@ -169,6 +172,7 @@ class Trainer:
         meta: dict[str, Any] | None = None,
         callbacks: list[Callback] | None = None,
         label: str | None = None,
+        episodes: Any = None,
     ) -> dict[str, Any]:
         """Train for ``settings.iterations``; write TensorBoard events, checkpoints and summary.json.
 
@@ -182,6 +186,8 @@ class Trainer:
                 resolved config).
             callbacks: Further callbacks, called after the built-in ones.
             label: Put before every progress line (the job of a sweep, e.g. ``#2 clip.max_norm=10``).
+            episodes: A policy's whole episodes to report before, during and after training
+                (:class:`~harness.training.callbacks.Episodes`, :class:`~harness.training.callbacks.EpisodeLog`).
 
         Returns:
             The summary (also written to ``run_dir/summary.json``).
@@ -212,6 +218,8 @@ class Trainer:
         ]
         if settings.plot_every is not None:
             built.append(RolloutPlotLog(tensorboard, every=settings.plot_every))
+        if episodes is not None:  # before the HParams record, which shows its figures
+            built.append(EpisodeLog(tensorboard, episodes))
         if hparams is not None:
             built.append(HParamsRecord(tensorboard, hparams, swept=swept))
         loop = Loop(self.step, settings, [*built, *(callbacks or [])], capture=self.capture)

@@ -6,6 +6,8 @@
 - :class:`TensorBoardLog`: every iteration's scalars, the log-step histograms, the adjoint
   profile (:mod:`harness.events`).
 - :class:`RolloutPlotLog`: a TensorBoard image of the rollout against time at log steps.
+- :class:`EpisodeLog`: a policy's whole episodes from the env's own starts, before training,
+  every few log steps and at the end (:class:`Episodes` rolls them out).
 - :class:`HParamsRecord`: the run's row of the HParams dashboard at the end.
 - :class:`ProgressLine`: the console line, redrawn in place on a terminal.
 """
@@ -13,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import signal
 import sys
 import threading
@@ -29,6 +32,8 @@ from harness.training.loop import Callback, Loop, Tally, handled_text
 
 __all__ = [
     "Checkpointer",
+    "EpisodeLog",
+    "Episodes",
     "HParamsRecord",
     "ProgressLine",
     "RolloutPlotLog",
@@ -388,17 +393,121 @@ class RolloutPlotLog(Callback):
         self.tensorboard.writer.flush()
 
 
-def hparams_metrics(group: Any = None) -> dict[str, str]:
-    """The scalars whose last values the HParams table shows, with their column titles: the
+EPISODE_TITLES = {"episode_return": "episode return", "upright_fraction": "upright fraction", "loss": "episode loss"}
+"""The HParams column titles of a policy's episode figures."""
+
+
+def hparams_metrics(group: Any = None, episodes: dict[str, Any] | None = None) -> dict[str, str]:
+    """The scalars whose last values the HParams table shows, with their column titles: a
+    policy's episode figures after training (``episodes``, :class:`EpisodeLog`) first, the
     final loss (``loss/final``), the best loss, and the primary parameter group's clipped
     fraction and pre-clip norm."""
     tag = group.tag if group is not None else tags.optim
+    after = (episodes or {}).get("after") or {}
     return {
+        **{EPISODE_TAGS[key]: title for key, title in EPISODE_TITLES.items() if key in after},
         tags.LOSS_FINAL: "final loss",
         tags.LOSS_BEST: "best loss",
         tag(tags.CLIPPED_FRACTION): "clipped fraction",
         tag(tags.GRAD_NORM_PRE): "|g| pre-clip (last iteration)",
     }
+
+
+@dataclasses.dataclass
+class Episodes:
+    """Whole episodes from the env's own starts at a training run's current parameters: what
+    ``harness evaluate`` reports for a trained run, during training. The env, task and loss are
+    built for evaluation (:func:`harness.build.episode_evaluator`: no window, the env's own
+    starts, whole horizon), with a state of their own that each call fills from the training
+    state: every group's evaluation parameters (ScheduleFree's average) and what the task's
+    evaluation reads (:attr:`harness.tasks.Task.evaluation_state`, SHAC's observation
+    statistics). The training state is only read.
+
+    Attributes:
+        env, task, loss: Built for evaluation.
+        state: Their own training state (:class:`~harness.training.state.TrainState`).
+    """
+
+    env: Any
+    task: Any
+    loss: Any
+    state: Any
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """``(worlds, steps)`` of one evaluation."""
+        return int(self.env.world_count), int(self.env.horizon)
+
+    def __call__(self, trained: Any) -> dict[str, float]:
+        """The episodes' loss and the env's and task's scalar figures (``episode_return``,
+        ``upright_fraction``, ...) at ``trained``'s evaluation parameters."""
+        import warp as wp
+
+        from harness.tasks import rollout
+
+        for name, group in trained.groups.items():
+            wp.copy(self.state.groups[name].params.data, group.eval_params())
+        for key in getattr(self.task, "evaluation_state", ()):
+            wp.copy(self.state.task[key], trained.task[key])
+        self.loss.zero()
+        trajectory = rollout(self.env, self.task, self.state.primary.params)
+        found = {"loss": float(self.loss(trajectory).numpy()[0])}
+        figures = {**self.env.describe(trajectory), **self.task.figures(self.env, self.loss, trajectory)}
+        for key, value in figures.items():
+            if isinstance(value, int | float | np.floating) and not isinstance(value, bool):
+                found[key] = float(value)
+        return found
+
+
+EPISODE_TAGS = {
+    "episode_return": tags.EPISODE_RETURN,
+    "upright_fraction": tags.EPISODE_UPRIGHT,
+    "loss": tags.EPISODE_LOSS,
+}
+"""Which figures of :class:`Episodes` go to TensorBoard, under which tag."""
+EPISODE_POINTS = 10
+"""About how many evaluations a run makes between its first and its last (at log steps)."""
+
+
+class EpisodeLog(Callback):
+    """A policy's whole episodes (:class:`Episodes`) before training (TensorBoard step 0; kept
+    in the tally, so a resumed run reports the same), at every ``every``-th iteration (a
+    multiple of ``log_every`` with about :data:`EPISODE_POINTS` of them in a run) and at the
+    end: ``episode/return``, ``episode/upright_fraction`` and ``episode/loss``. A finished run's
+    summary gets ``episodes``: the worlds and steps of one evaluation, and the figures before
+    and after training (what the done line, the HParams record and the sweep report show).
+
+    Args:
+        tensorboard: The run's :class:`TensorBoardLog` (listed before this callback).
+        episodes: Rolls the episodes out.
+    """
+
+    def __init__(self, tensorboard: TensorBoardLog, episodes: Episodes):
+        self.tensorboard = tensorboard
+        self.episodes = episodes
+        self.every = 1
+
+    def on_start(self, loop: Loop) -> None:
+        settings = loop.settings
+        self.every = settings.log_every * max(1, math.ceil(settings.iterations / (EPISODE_POINTS * settings.log_every)))
+        if loop.start_iteration == 0:
+            loop.tally.episodes_before = self._point(loop, 0)
+
+    def on_iteration(self, loop: Loop, iteration: int) -> None:
+        done = iteration + 1
+        if done % self.every == 0 and done < loop.settings.iterations:
+            self._point(loop, done)
+
+    def on_end(self, loop: Loop, summary: dict[str, Any]) -> None:
+        worlds, steps = self.episodes.size
+        after = self._point(loop, loop.settings.iterations)
+        before = loop.tally.episodes_before or None
+        summary["episodes"] = {"worlds": worlds, "steps": steps, "before": before, "after": after}
+
+    def _point(self, loop: Loop, step: int) -> dict[str, float]:
+        found = self.episodes(loop.step.state)
+        self.tensorboard.writer.scalars(step, {tag: found[key] for key, tag in EPISODE_TAGS.items() if key in found})
+        return found
 
 
 class HParamsRecord(Callback):
@@ -420,7 +529,7 @@ class HParamsRecord(Callback):
         self.swept = tuple(swept)
 
     def on_end(self, loop: Loop, summary: dict[str, Any]) -> None:
-        metrics = hparams_metrics(loop.step.state.primary)
+        metrics = hparams_metrics(loop.step.state.primary, summary.get("episodes"))
         self.tensorboard.writer.hparams(self.values, metrics, step=loop.settings.iterations, differs=self.swept)
 
 

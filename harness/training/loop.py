@@ -110,6 +110,8 @@ class Tally:
     lr_reductions: int = 0
     wall_time_s: float = 0.0
     initial_figures: dict[str, Any] = dataclasses.field(default_factory=dict)
+    episodes_before: dict[str, float] = dataclasses.field(default_factory=dict)
+    """A policy's whole episodes before training (:class:`~harness.training.callbacks.EpisodeLog`)."""
     groups: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     """The counts of every group after the primary one (a task with several groups)."""
 

@@ -584,6 +584,9 @@ class TrainStep:
 
     def evaluate(self) -> tuple[float, dict[str, Any]]:
         """Loss and env figures at the evaluation parameters (an eager rollout without a tape)."""
+        found = self.task.final_evaluation(self)
+        if found is not None:  # a task whose result is what its iterations did (task=mpc)
+            return found
         with self.at_eval_params():
             self.loss.zero()
             trajectory = rollout(self.env, self.task, self.state.primary.params)
