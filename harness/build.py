@@ -424,17 +424,13 @@ def task_class(cfg: DictConfig) -> Any:
 
 
 def evaluation_config(cfg: DictConfig, task_class: Any = None) -> None:
-    """Turn a run's composed config into the one it is evaluated with, in place: no segments, no
-    per-step States (an evaluation records no tape: a Newton env steps two States in turn, so a
-    robot's 1000-step episode fits where its taped window would not), and every task setting that
-    only shapes training (:attr:`harness.tasks.Task.training_only`, such as a policy's
-    ``window``) unset: a run is evaluated over whole episodes."""
+    """Turn a run's composed config into the one it is evaluated with, in place: no segments,
+    and every task setting that only shapes training (:attr:`harness.tasks.Task.training_only`,
+    such as a policy's ``window``) unset: a run is evaluated over whole episodes."""
     from omegaconf import open_dict
 
     with open_dict(cfg):
         cfg.memory.segment_steps = None
-        if "per_step_states" in cfg.env:  # no tape: two States in turn, whatever the horizon (docs/memory.md)
-            cfg.env.per_step_states = False
         for key in getattr(task_class, "training_only", ()):
             if key in cfg.task:
                 cfg.task[key] = None
@@ -460,6 +456,7 @@ def episode_evaluator(cfg: DictConfig, choices: Mapping[str, Any] | None) -> tup
         return None, None
     probe = copy.deepcopy(cfg)
     evaluation_config(probe, klass)
+    untaped_config(probe)
     try:
         run = validate(probe, choices)
         env_config = run.task.evaluation_config(check_env_fields(probe)[1])
@@ -469,6 +466,19 @@ def episode_evaluator(cfg: DictConfig, choices: Mapping[str, Any] | None) -> tup
     except (ConfigError, ValueError) as exc:
         return None, first_line(exc)
     return Episodes(run.env, run.task, run.loss, trainer.step.state), None
+
+
+def untaped_config(cfg: DictConfig) -> None:
+    """Make a config's env one that records no tape, in place: a Newton env (``per_step_states``)
+    steps two States in turn instead of keeping one per step, so a robot's 1000-step episode fits
+    where its taped window would not. For what only rolls out (``evaluate``, ``render``, the
+    episodes a policy run reports), never for what differentiates (``diagnose``: its gradients
+    would be wrong)."""
+    from omegaconf import open_dict
+
+    if "per_step_states" in cfg.env:
+        with open_dict(cfg):
+            cfg.env.per_step_states = False
 
 
 @dataclasses.dataclass
@@ -542,6 +552,7 @@ def trained_run(
     try:
         cfg, choices, _ = compose_command("train", [*folder.overrides, *overrides, *extra])
         evaluation_config(cfg, task_class(cfg))
+        untaped_config(cfg)
         run = build_run(cfg, choices, evaluation=True)
     except (ConfigError, ImportError) as exc:
         raise RunError(f"{command}: {first_line(exc)}") from None
@@ -580,6 +591,7 @@ def check_evaluation_memory(folder: Any, overrides: list[str], *, device: str | 
     try:
         cfg, choices, _ = compose_command("train", [*folder.overrides, *overrides, *extra])
         evaluation_config(cfg, task_class(cfg))
+        untaped_config(cfg)
         run = validate(cfg, choices)
         env_config = run.task.evaluation_config(check_env_fields(cfg)[1])
     except (ConfigError, ImportError, ValueError):
