@@ -882,14 +882,6 @@ def _lowest_point(builder: Any, model: Any, state: Any, up: int) -> float:
     return low
 
 
-class _Pose:
-    """Body poses and twists of one model (what ``newton.eval_fk`` writes), with gradients."""
-
-    def __init__(self, model: Any):
-        self.body_q = wp.zeros_like(model.body_q, requires_grad=True)
-        self.body_qd = wp.zeros_like(model.body_qd, requires_grad=True)
-
-
 class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmentable):
     """Any robot file on a ground plane; see :class:`RobotConfig` and the module docstring."""
 
@@ -921,12 +913,6 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         )
         self.collide_at = [k for k in range(cfg.substeps) if k % cfg.collide_every == 0]
         self.contacts = [[self.pipeline.contacts() for _ in self.collide_at] for _ in range(kept)]
-        # Hunt-Crossley damping (contact_kd_depth): every substep adds its contacts' damping wrenches to
-        # the State's external forces, from body poses and twists of its own (the State's body_q is
-        # written again inside the solver's step, and a tape sees one array's two writes as one)
-        self._poses: list[list[_Pose]] = []
-        if cfg.contact_kd_depth is not None:
-            self._poses = [[_Pose(self.model) for _ in range(cfg.substeps)] for _ in range(kept)]
         # per step kept: which bodies touch the ground after the step (contact_mask; gradcheck's phases)
         self._touching = wp.zeros((kept, self.model.body_count), dtype=wp.int32, device=self.device)
         self._write_host_starts(host_rng(cfg.seed))
@@ -1135,8 +1121,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
                 self.pipeline.collide(source, contacts)
             self.substeps.prepare(slot, k)
             source.clear_forces()
-            if self._poses:
-                self._damp(source, contacts, self._poses[slot][k])
+            if cfg.contact_kd_depth is not None:  # Hunt-Crossley: the contacts' damping as external wrenches
+                self._damp(source, contacts)
             self.solver.step(source, target, self.controls[slot], contacts, self.substep_dt)
             source = target
         cfg, layout = self.config, self.layout
@@ -1156,16 +1142,14 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             outputs=[touching], device=self.device,
         )  # fmt: skip
 
-    def _damp(self, state: newton.State, contacts: newton.Contacts, pose: _Pose) -> None:
+    def _damp(self, state: newton.State, contacts: newton.Contacts) -> None:
         """Add the Hunt-Crossley damping of the substep from ``state`` to its external wrenches
-        (:func:`_hunt_crossley`), from its body poses and twists computed into ``pose``."""
-        import newton
-
-        newton.eval_fk(self.model, state.joint_q, state.joint_qd, pose)
+        (:func:`_hunt_crossley`)."""
         wp.launch(
             _hunt_crossley, dim=contacts.rigid_contact_max,
-            inputs=[pose.body_q, pose.body_qd, self.model.body_com, self.model.shape_body, contacts.rigid_contact_count,
-                    contacts.rigid_contact_shape0, contacts.rigid_contact_shape1, contacts.rigid_contact_point0,
+            inputs=[state.body_q, state.body_qd, self.model.body_com, self.model.shape_body,
+                    contacts.rigid_contact_count, contacts.rigid_contact_shape0, contacts.rigid_contact_shape1,
+                    contacts.rigid_contact_point0,
                     contacts.rigid_contact_point1, contacts.rigid_contact_normal, contacts.rigid_contact_margin0,
                     contacts.rigid_contact_margin1, self.config.contact_kd_depth],
             outputs=[state.body_f], device=self.device,
@@ -1221,8 +1205,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         return self.slot(t) if self.config.per_step_states else 0
 
     def step_arrays(self) -> list[wp.array]:
-        poses = [a for poses in self._poses for pose in poses for a in (pose.body_q, pose.body_qd)]
-        return [self.joint_f, *self.substeps.arrays(), *poses]
+        return [self.joint_f, *self.substeps.arrays()]
 
     # -- what a run reports ------------------------------------------------------------------------
 
