@@ -39,11 +39,15 @@ _mode = os.environ.get("HARNESS_DETERMINISTIC", "").lower()
 
 
 def _configure_warp(wp: Any) -> None:
-    """Set the Warp module ``wp``'s log level and determinism from the environment."""
+    """Set the Warp module ``wp``'s log level and determinism from the environment; install
+    :mod:`harness.warp_fixes`."""
     level = os.environ.get("HARNESS_WARP_LOG_LEVEL", "warning").lower()
     wp.config.log_level = getattr(wp, f"LOG_{(level if level in _LEVELS else 'warning').upper()}")
     if _mode in _DETERMINISM:
         wp.config.deterministic = getattr(wp.DeterministicMode, _DETERMINISM[_mode])
+    from harness import warp_fixes
+
+    warp_fixes.install()
 
 
 class _ConfigureAfter(importlib.abc.Loader):

@@ -456,6 +456,7 @@ def episode_evaluator(cfg: DictConfig, choices: Mapping[str, Any] | None) -> tup
         return None, None
     probe = copy.deepcopy(cfg)
     evaluation_config(probe, klass)
+    untaped_config(probe)
     try:
         run = validate(probe, choices)
         env_config = run.task.evaluation_config(check_env_fields(probe)[1])
@@ -465,6 +466,19 @@ def episode_evaluator(cfg: DictConfig, choices: Mapping[str, Any] | None) -> tup
     except (ConfigError, ValueError) as exc:
         return None, first_line(exc)
     return Episodes(run.env, run.task, run.loss, trainer.step.state), None
+
+
+def untaped_config(cfg: DictConfig) -> None:
+    """Make a config's env one that records no tape, in place: a Newton env (``per_step_states``)
+    steps two States in turn instead of keeping one per step, so a robot's 1000-step episode fits
+    where its taped window would not. For what only rolls out (``evaluate``, ``render``, the
+    episodes a policy run reports), never for what differentiates (``diagnose``: its gradients
+    would be wrong)."""
+    from omegaconf import open_dict
+
+    if "per_step_states" in cfg.env:
+        with open_dict(cfg):
+            cfg.env.per_step_states = False
 
 
 @dataclasses.dataclass
@@ -538,6 +552,7 @@ def trained_run(
     try:
         cfg, choices, _ = compose_command("train", [*folder.overrides, *overrides, *extra])
         evaluation_config(cfg, task_class(cfg))
+        untaped_config(cfg)
         run = build_run(cfg, choices, evaluation=True)
     except (ConfigError, ImportError) as exc:
         raise RunError(f"{command}: {first_line(exc)}") from None
@@ -576,6 +591,7 @@ def check_evaluation_memory(folder: Any, overrides: list[str], *, device: str | 
     try:
         cfg, choices, _ = compose_command("train", [*folder.overrides, *overrides, *extra])
         evaluation_config(cfg, task_class(cfg))
+        untaped_config(cfg)
         run = validate(cfg, choices)
         env_config = run.task.evaluation_config(check_env_fields(cfg)[1])
     except (ConfigError, ImportError, ValueError):

@@ -451,13 +451,24 @@ def apply_task_env_defaults(cfg: DictConfig, choices: Mapping[str, Any], overrid
     longer horizon than the open-loop default). Hydra merges a ``+env=`` option after the
     task's, so these are applied here, after composition: over the env's and loss's own
     option values, and under the command line's overrides, which still win. The block is
-    removed from ``cfg.task``.
+    removed from ``cfg.task``. ``gradcheck.per_env`` is the same for the rollout ``harness
+    gradcheck`` checks an env on (``configs/gradcheck.yaml``).
     """
-    task = cfg.get("task")
-    if not isinstance(task, DictConfig) or "per_env" not in task:
-        return
-    with open_dict(cfg):
-        block = task.pop("per_env")
+    for name in PER_ENV_SECTIONS:
+        section = cfg.get(name)
+        if isinstance(section, DictConfig) and "per_env" in section:
+            with open_dict(cfg):
+                block = section.pop("per_env")
+            apply_per_env(cfg, block, choices, overrides)
+
+
+PER_ENV_SECTIONS = ("task", "gradcheck")
+"""Config sections that may hold a ``per_env`` block (:func:`apply_task_env_defaults`)."""
+
+
+def apply_per_env(cfg: DictConfig, block: Any, choices: Mapping[str, Any], overrides: list[str]) -> None:
+    """Set the values ``block[<env option>]`` holds for the chosen env (``{<dotted key>: value}``)
+    in ``cfg``, under the command line's overrides (a task's ``per_env``, gradcheck's)."""
     values = (block or {}).get(str(choices.get("env")))
     if not values:
         return

@@ -241,6 +241,8 @@ class Probe:
             run inside :meth:`harness.tasks.Task.training` with it); None: the env's own starts.
         capture: Record the forward pass and the backward pass once each and replay them.
         values: Flat values of the parameters to measure at (default: the task's initial ones).
+        adjoint_max_norm: Clip the state adjoint inside the backward pass as training does
+            (``clip.adjoint.max_norm``, :class:`harness.adjoint.AdjointClipper`); None: measure only.
     """
 
     def __init__(
@@ -252,6 +254,7 @@ class Probe:
         key: wp.array | None = None,
         capture: bool = True,
         values: np.ndarray | None = None,
+        adjoint_max_norm: float | None = None,
     ):
         self.env, self.task, self.loss, self.key, self.capture = env, task, loss, key, capture
         if env.segment_steps is not None:
@@ -269,7 +272,10 @@ class Probe:
         self._mask_on = wp.zeros(1, dtype=wp.int32, device=device)
         self._world = wp.zeros(1, dtype=wp.int32, device=device)
         self.adjoint = AdjointClipper(
-            horizon=env.horizon, world_count=env.world_count, max_norm=math.inf, device=device
+            horizon=env.horizon,
+            world_count=env.world_count,
+            max_norm=math.inf if adjoint_max_norm is None else adjoint_max_norm,
+            device=device,
         )
         self._forward_graph: Any = None
         self._backward_graph: Any = None
@@ -683,6 +689,7 @@ def diagnose(
     capture: bool = True,
     values: np.ndarray | None = None,
     report: Callable[[HorizonResult], None] | None = None,
+    adjoint_max_norm: float | None = None,
 ) -> Diagnosis:
     """Measure every horizon (ascending) and fit and recommend (module docstring).
 
@@ -699,6 +706,8 @@ def diagnose(
         capture: Replay captured graphs (an env that cannot be captured runs eagerly).
         values: Parameter values to measure at (default: the task's initial ones).
         report: Called with each horizon's result as soon as it is measured.
+        adjoint_max_norm: The in-backward clip training applies (``clip.adjoint.max_norm``): every
+            gradient is measured with it, the gradient training steps along; None: none.
     """
     t0 = time.perf_counter()
     rng = np.random.default_rng(settings.seed)
@@ -707,7 +716,10 @@ def diagnose(
         env = _built(make_env, steps, task, loss, settings, capture)
         dt = float(getattr(env, "dt", math.nan))
         with _draw_key(task, env, settings.seed) as key:
-            probe = Probe(env, task, loss, key=key, capture=capture and _capturable(env, task, loss), values=values)
+            probe = Probe(
+                env, task, loss, key=key, capture=capture and _capturable(env, task, loss), values=values,
+                adjoint_max_norm=adjoint_max_norm,
+            )  # fmt: skip
             result, profile = measure(probe, settings, rng, training_worlds=training_worlds)
         size, starts = probe.layout.one_world_size, env.world_count
         shared, uses_snr = probe.layout.shared, probe.layout.uses_snr
@@ -733,7 +745,7 @@ def diagnose(
         window=window,
         clip_max_norm=clip,
         adjoint_profile=profile,
-        settings=dataclasses.asdict(settings),
+        settings={**dataclasses.asdict(settings), "adjoint_max_norm": adjoint_max_norm},
         parameters=size,
         seconds=time.perf_counter() - t0,
         window_key=task.window_key,

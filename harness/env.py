@@ -23,6 +23,7 @@ line naming it, before anything is built.
 - :class:`DrawsStarts`: :meth:`~DrawsStarts.draw_initial` draws fresh initial states on the device;
 - :class:`CarriesState`: a rollout continues from where the last one ended (windows);
 - :class:`Restarts`: worlds whose episode ended start a fresh one inside a rollout (SHAC);
+- :class:`Terminates`: a world's episode ends early where its state says so (a robot that fell);
 - :class:`Segmentable`: save and restore what a segment needs (``memory.segment_steps``);
 - :class:`Identifiable`: named physical quantities a task trains or fits (``physical``,
   ``initial``, ``sysid``, ``harness record``);
@@ -108,6 +109,7 @@ __all__ = [
     "Restarts",
     "Segmentable",
     "StepHook",
+    "Terminates",
     "Trajectory",
     "array_grads",
     "host_rng",
@@ -334,6 +336,11 @@ class Env(abc.ABC):
         """Physical figures of a rollout worth reporting (host values); empty by default."""
         return {}
 
+    def blowup(self) -> str | None:
+        """Where the latest rollout left finite numbers (the step and what blew up: one phrase a
+        diverged run's message ends with), or None when the env cannot tell (the default)."""
+        return None
+
     def component_names(self) -> dict[str, list[str]]:
         """Names of an observable's components for plots (``harness render``), by observable,
         e.g. ``{"joint_q": ["cart position [m]", ...]}``; empty by default."""
@@ -413,6 +420,19 @@ class Restarts(abc.ABC):
     def observe_ended(self, t: int, out: wp.array) -> None:
         """The observation of state ``t`` before its restart (an ended episode's last state, which
         a critic values), as :meth:`PolicyEnv.observe` writes it."""
+
+
+class Terminates(abc.ABC):
+    """Role: a world's episode can end early, decided by its state (a legged robot that fell).
+    ``task=shac`` restarts such a world and values its last state at 0 (no bootstrap); an env
+    without it ends episodes at the horizon only."""
+
+    summary: ClassVar[str] = "terminated(t, out): worlds whose state t ends their episode early"
+
+    @abc.abstractmethod
+    def terminated(self, t: int, out: wp.array) -> None:
+        """Write 1 into ``out`` (int32 ``(world_count,)``) where state ``t`` (before any restart)
+        ends its episode early, 0 elsewhere: a recorded launch without a gradient."""
 
 
 class Segmentable(abc.ABC):
@@ -563,7 +583,7 @@ class Plant(abc.ABC):
         """The real system's body transforms now, ``(bodies,)`` of ``wp.transform`` (a flight is drawn from them)."""
 
 
-ROLES = (PolicyEnv, DrawsStarts, CarriesState, Restarts, Segmentable, Identifiable, Renderable, Plant)
+ROLES = (PolicyEnv, DrawsStarts, CarriesState, Restarts, Terminates, Segmentable, Identifiable, Renderable, Plant)
 """Every role an env may play, besides the core."""
 
 

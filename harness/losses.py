@@ -10,8 +10,9 @@ count changes. Each term's weighted value is kept in its own entry of a device a
 A kind of term is a :class:`TermKind`: a ``wp.func`` giving the weighted penalty of one
 entry's difference from its target, from which the harness makes the kernels (the loss's
 term, and per step and world for tasks that need a cost per step, SHAC's rewards). The
-built-in kinds are ``quadratic``, ``reference`` and ``linear`` (an observable that is a cost
-already: the drone's, the bear's); a kind of your own lives in your own
+built-in kinds are ``quadratic``, ``reference``, ``linear`` (an observable that is a cost
+already: the drone's, the bear's) and ``reward`` (minus the entry: a reward an env records,
+maximised); a kind of your own lives in your own
 module and is named in a loss config by its dotted path (``kind: my_terms.huber``), as an
 env is named by its ``_target_``, or registered by name with :func:`register_term_kind`.
 """
@@ -133,7 +134,13 @@ def register_term_kind(kind: TermKind) -> TermKind:
     return kind
 
 
+@wp.func
+def _reward(weight: float, diff: float) -> float:
+    return -weight * diff
+
+
 register_term_kind(TermKind("quadratic", _quadratic, doc="weight * (x - target)^2"))
+register_term_kind(TermKind("reward", _reward, doc="-weight * (x - target): a reward to maximise, as a cost"))
 register_term_kind(TermKind("reference", _quadratic, reference=True, doc="weight * (x - recorded x)^2"))
 register_term_kind(TermKind("linear", _linear, doc="weight * (x - target): a cost the env computes itself"))
 

@@ -142,7 +142,7 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         self.model = self.build_model()
         self.solver = self.build_solver()
         count = self.steps_kept + 1 if self.config.per_step_states else 2
-        self.states = [self.model.state(requires_grad=True) for _ in range(count)]
+        self.states = [self.new_state() for _ in range(count)]
         self._starts: list[Any] = []  # per step: the state after a restart (enable_restarts)
         self._base = 0  # the step whose State is states[0] (a segment's start)
         # the step of states[0], on the device: kernels address per-step rows (actions, observables)
@@ -161,7 +161,7 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
             # its row from the device step (save_segment, restore_segment).
             rows = len(range(k, self.horizon, k))
             if rows:
-                template = _state_arrays(self.model.state(requires_grad=False))
+                template = _state_arrays(self.new_state(requires_grad=False))
                 self._saved = {
                     name: wp.empty((rows, *array.shape), dtype=array.dtype, device=self.device)
                     for name, array in template.items()
@@ -175,6 +175,11 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         self._built_initial = {name: self.initial[f].numpy().copy() for name, f in self.initial_quantities.items()}
         self.control = self.model.control()
         self.request(self._wanted)  # sets self.observed
+
+    def new_state(self, *, requires_grad: bool = True) -> Any:
+        """A fresh ``newton.State`` of the model: every State of a rollout, a restart and a saved
+        segment start is made here (a subclass adds arrays of its own, as :attr:`state_fields`)."""
+        return self.model.state(requires_grad=requires_grad)
 
     @abc.abstractmethod
     def build_model(self) -> Any:
@@ -239,7 +244,7 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         if self.segment_steps is not None:
             raise ValueError(f"env '{self.name}': restarts inside a rollout do not run in segments")
         if not self._starts:
-            self._starts = [None, *(self.model.state(requires_grad=True) for _ in range(self.steps_kept))]
+            self._starts = [None, *(self.new_state() for _ in range(self.steps_kept))]
 
     def restart(self, t: int, done: wp.array, key: wp.array) -> None:
         """Worlds whose ``done`` is 1 continue from a fresh draw (``draw_initial(key)``, written into

@@ -94,10 +94,12 @@ def _diagnose(cfg: DictConfig) -> None:
             )
 
     out = Path(hydra_cfg.runtime.output_dir)
+    clipped = run.adjoint is not None and run.adjoint.max_norm is not None
     choice = hydra_cfg.runtime.choices.get("env") or env_class.name
     print(
         f"diagnose: env {choice}, task {task.name}, horizons {horizons}, {worlds} starts, "
-        f"{settings.zo_pairs} zeroth-order pairs, {settings.fd_directions} difference directions",
+        f"{settings.zo_pairs} zeroth-order pairs, {settings.fd_directions} difference directions"
+        + (f", the state adjoint clipped at {run.adjoint.max_norm:g} inside backward" if clipped else ""),
         flush=True,
     )
     print(table_header(), flush=True)
@@ -113,6 +115,7 @@ def _diagnose(cfg: DictConfig) -> None:
             env_name=choice,
             capture=run.settings.capture is not False,
             report=lambda h: print(table_row(h, dt), flush=True),
+            adjoint_max_norm=run.adjoint.max_norm if clipped else None,
         )
     except ValueError as exc:  # a task's check against a built env (a recording's size): one line
         fail(f"diagnose: {config.first_line(exc)}")

@@ -46,8 +46,12 @@ def _gradcheck(cfg: DictConfig) -> None:
         seed=int(gc.seed),
         device=run.settings.device,
         task=run.task,
+        phase_window=int(gc.phase_window),
+        coarse_factor=float(gc.coarse_factor),
     )
     print(result.table(params))
+    if result.phases:
+        print(result.phase_table())
     verdict = "ok" if result.passed else "FAILED"
     print(f"worst relative error {result.worst:.3e} (tolerance {result.tolerance:g}): {verdict}", flush=True)
     if not result.passed:

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import weakref
 
+import numpy as np
 import warp as wp
 
 from harness import schema
@@ -26,6 +27,9 @@ class OpenLoop(Task):
         init: Initial value of every action.
         lower: Smallest action (kept after every optimizer step), -inf for none.
         upper: Largest action, inf for none.
+        init_noise: Every initial action is ``init + U(-n, n)`` (seeded by ``seed``), kept within
+            the bounds: a rollout that moves (a robot's gradient check through its contacts).
+        seed: Seeds ``init_noise``.
     """
 
     name = "open_loop"
@@ -37,10 +41,21 @@ class OpenLoop(Task):
         init: float = schema.field()
         lower: float = schema.field(finite=False)
         upper: float = schema.field(finite=False)
+        init_noise: float = schema.field(0.0, minimum=0.0)
+        seed: int = schema.field(0)
 
-    def __init__(self, *, init: float = 0.0, lower: float = -math.inf, upper: float = math.inf):
-        args = schema.check(self.Args, "task", init=init, lower=lower, upper=upper)
+    def __init__(
+        self,
+        *,
+        init: float = 0.0,
+        lower: float = -math.inf,
+        upper: float = math.inf,
+        init_noise: float = 0.0,
+        seed: int = 0,
+    ):
+        args = schema.check(self.Args, "task", init=init, lower=lower, upper=upper, init_noise=init_noise, seed=seed)
         self.init, self.lower, self.upper = _bounds_checked(args.init, args.lower, args.upper)
+        self.init_noise, self.seed = args.init_noise, args.seed
         self._views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def check(self, config: EnvConfig) -> None:
@@ -58,11 +73,14 @@ class OpenLoop(Task):
     def parameter_specs(self, env: Env) -> list[ParamSpec]:
         shape = self.parameter_shapes(env.config)["controls"]
         fd_step = env.config.action_fd_step()
-        return [
-            ParamSpec(
-                "controls", shape, init=self.init, lower=self.lower, upper=self.upper, fd_step=fd_step, world_axis=1
-            )
-        ]
+        init: float | np.ndarray = self.init
+        if self.init_noise > 0.0:
+            draw = np.random.default_rng(self.seed).uniform(-self.init_noise, self.init_noise, shape)
+            init = np.clip(self.init + draw, self.lower, self.upper).astype(np.float32)
+        spec = ParamSpec(
+            "controls", shape, init=init, lower=self.lower, upper=self.upper, fd_step=fd_step, world_axis=1
+        )
+        return [spec]
 
     def begin(self, env: Env, params: ParamSet) -> None:
         env.reset()

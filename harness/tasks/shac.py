@@ -43,7 +43,7 @@ import numpy as np
 import warp as wp
 
 from harness import schema, tags
-from harness.env import CarriesState, DrawsStarts, Env, EnvConfig, PolicyEnv, Restarts
+from harness.env import CarriesState, DrawsStarts, Env, EnvConfig, PolicyEnv, Restarts, Terminates
 from harness.losses import WeightedLoss
 from harness.nn import ACTIVATIONS, MLP, Regression
 from harness.params import ParamSet, ParamSpec
@@ -100,6 +100,8 @@ class _Window:
     cost: wp.array  # (steps, worlds)
     done: wp.array  # int32 (steps, worlds): the episode ends after the step
     ends: wp.array  # int32 (steps, worlds): a sub-trajectory ends after the step
+    terminal: wp.array  # int32 (steps, worlds): the episode ended early after the step (valued 0)
+    ended: wp.array  # int32 (worlds,): the env's early ends of the state being restarted
     no_restart: wp.array  # int32 (worlds,): zeros, the restart mask outside training
     cost_weight: wp.array
     value_weight: wp.array
@@ -290,6 +292,8 @@ class SHAC(Task):
             cost=grad(steps, worlds),
             done=wp.zeros((steps, worlds), dtype=wp.int32, device=device),
             ends=wp.zeros((steps, worlds), dtype=wp.int32, device=device),
+            terminal=wp.zeros((steps, worlds), dtype=wp.int32, device=device),
+            ended=wp.zeros(worlds, dtype=wp.int32, device=device),
             no_restart=wp.zeros(worlds, dtype=wp.int32, device=device),
             cost_weight=wp.zeros((steps, worlds), dtype=wp.float32, device=device),
             value_weight=wp.zeros((steps, worlds), dtype=wp.float32, device=device),
@@ -330,6 +334,7 @@ class SHAC(Task):
                 outputs=[b.done, b.ends, b.cost_weight, b.value_weight, self.args.gamma],
                 device=env.device,
             )  # fmt: skip
+            b.terminal.zero_()
             env.draw_initial(b.keys[0:1])
             wp.launch(_carry_after_first, dim=1, inputs=[self.training_key], outputs=[b.carry], device=env.device)
             env.carry_final(b.carry)
@@ -352,6 +357,13 @@ class SHAC(Task):
             return
         b = self.buffers(env)
         self._observe(env, t, t - 1, b.next_obs, b.next_n, ended=True)
+        if self.training_key is not None and isinstance(env, Terminates):
+            env.terminated(t, b.ended)
+            wp.launch(
+                k.mark_terminations, dim=env.world_count,
+                inputs=[b.ended, t - 1, env.horizon, self._episode, self.args.gamma],
+                outputs=[b.done, b.ends, b.terminal, b.cost_weight, b.value_weight], device=env.device,
+            )  # fmt: skip
         env.restart(t, b.done[t - 1] if self.training_key is not None else b.no_restart, b.keys[t : t + 1])
 
     def act(self, env: Env, params: ParamSet, t: int) -> None:
@@ -410,7 +422,8 @@ class SHAC(Task):
         rows = b.targets.shape[0]
         wp.launch(
             k.td_lambda, dim=env.world_count,
-            inputs=[b.cost, b.next_values.reshape(b.cost.shape), b.ends, a.reward_scale, a.gamma, a.lam, env.horizon],
+            inputs=[b.cost, b.next_values.reshape(b.cost.shape), b.ends, b.terminal, a.reward_scale, a.gamma, a.lam,
+                    env.horizon],
             outputs=[b.targets.reshape(b.cost.shape)], device=env.device,
         )  # fmt: skip
         wp.copy(b.inputs, b.obs_n.reshape(b.inputs.shape))
@@ -435,7 +448,7 @@ class SHAC(Task):
             outputs=[state["running_return"], self._finished, state["running_length"]], device=env.device,
         )  # fmt: skip
         wp.launch(
-            k.next_episode, dim=env.world_count, inputs=[state["episode_step"], self._episode, env.horizon],
+            k.next_episode, dim=env.world_count, inputs=[state["episode_step"], b.done, self._episode, env.horizon],
             device=env.device,
         )  # fmt: skip
         wp.launch(

@@ -14,6 +14,7 @@ __all__ = [
     "actor_objective",
     "episode_marks",
     "episode_stats",
+    "mark_terminations",
     "next_episode",
     "normalize",
     "polyak",
@@ -63,10 +64,55 @@ def episode_marks(
 
 
 @wp.kernel
-def next_episode(episode_step: wp.array(dtype=wp.int32), episode_length: int, steps: int):
-    """Advance every world's step in its episode by the window's steps."""
+def mark_terminations(
+    ended: wp.array(dtype=wp.int32),
+    t: int,
+    steps: int,
+    episode_length: int,
+    gamma: float,
+    done: wp.array2d(dtype=wp.int32),
+    ends: wp.array2d(dtype=wp.int32),
+    terminal: wp.array2d(dtype=wp.int32),
+    cost_weight: wp.array2d(dtype=wp.float32),
+    value_weight: wp.array2d(dtype=wp.float32),
+):
+    """A world whose state after step ``t`` ended its episode early (``ended[w]``, the env's
+    :class:`~harness.env.Terminates`): its episode is done after step ``t``, its last state is
+    valued 0 (``terminal``: no bootstrap, as SHAC's code does for an early termination), and a new
+    episode starts at step ``t + 1``, whose marks and weights replace :func:`episode_marks`' for
+    the rest of the window. An episode that reaches its time limit at ``t`` is not an early end
+    (its last state is valued by the critic)."""
     w = wp.tid()
-    episode_step[w] = (episode_step[w] + steps) % episode_length
+    if ended[w] == 0 or done[t, w] != 0:
+        return
+    done[t, w] = 1
+    ends[t, w] = 1
+    terminal[t, w] = 1
+    value_weight[t, w] = 0.0
+    discount = wp.float32(1.0)
+    for s in range(t + 1, steps):
+        limit = (s - t) % episode_length == 0
+        done[s, w] = wp.where(limit, 1, 0)
+        last = limit or s == steps - 1
+        ends[s, w] = wp.where(last, 1, 0)
+        terminal[s, w] = 0
+        cost_weight[s, w] = discount
+        value_weight[s, w] = wp.where(last, gamma * discount, 0.0)
+        discount = wp.where(limit, 1.0, discount * gamma)
+
+
+@wp.kernel
+def next_episode(
+    episode_step: wp.array(dtype=wp.int32), done: wp.array2d(dtype=wp.int32), episode_length: int, steps: int
+):
+    """Every world's step in its episode after the window: the steps since its last episode ended
+    in the window, or its step before plus the window's steps."""
+    w = wp.tid()
+    following = episode_step[w] + steps
+    for t in range(steps):
+        if done[t, w] != 0:
+            following = steps - 1 - t
+    episode_step[w] = following % episode_length
 
 
 @wp.kernel
@@ -158,6 +204,7 @@ def td_lambda(
     cost: wp.array2d(dtype=wp.float32),
     values: wp.array2d(dtype=wp.float32),
     ends: wp.array2d(dtype=wp.int32),
+    terminal: wp.array2d(dtype=wp.int32),
     reward_scale: float,
     gamma: float,
     lam: float,
@@ -167,16 +214,17 @@ def td_lambda(
     """The critic's targets, TD(lambda) returns (Sutton and Barto, 2018, section 12.1):
     ``G_t = r_t + gamma V_t`` where a sub-trajectory ends at ``t``, else
     ``G_t = r_t + gamma ((1 - lambda) V_t + lambda G_{t+1})``, with ``V_t`` the target critic's
-    value of the state after step ``t`` and ``r_t`` minus the scaled cost (the recursion SHAC's
-    code computes in another form)."""
+    value of the state after step ``t`` (0 where that state ended its episode early, ``terminal``)
+    and ``r_t`` minus the scaled cost (the recursion SHAC's code computes in another form)."""
     w = wp.tid()
     following = wp.float32(0.0)
     for k in range(steps):
         t = steps - 1 - k
         r = -reward_scale * cost[t, w]
-        g = r + gamma * values[t, w]
+        value = wp.where(terminal[t, w] != 0, 0.0, values[t, w])
+        g = r + gamma * value
         if ends[t, w] == 0:
-            g = r + gamma * ((1.0 - lam) * values[t, w] + lam * following)
+            g = r + gamma * ((1.0 - lam) * value + lam * following)
         targets[t, w] = g
         following = g
 

@@ -36,6 +36,7 @@ is finite again.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.metadata
 import math
 import platform
@@ -346,6 +347,11 @@ class Loop:
                         callback.on_warmup(self, it, "capture" if capturing else "eager")
                 if capturing:
                     step.capture()
+                    # what the run holds from here on (the env's States, the tapes and the graph's
+                    # launch records: Python objects by the hundred thousand for a robot) lives as
+                    # long as the run; a collection that walks it again and again costs a robot's
+                    # replay about a quarter of its time (docs/capture.md)
+                    gc.freeze()
                 step.run()
                 if warmup:  # the estimate starts after the last one
                     self.steady = (self.clock(), it + 1)
@@ -385,6 +391,9 @@ class Loop:
         self.fold_wall_time()
         tally = self.tally
         found = {"iteration": iteration, **self.divergence}
+        where = self.step.env.blowup()  # where the simulation left finite numbers, when the env can tell
+        if where:
+            found["simulation"] = where
         if tally.nonfinite_loss_since is not None:
             found["loss_nonfinite_since"] = tally.nonfinite_loss_since
         saved = self.last_checkpoint
@@ -408,6 +417,8 @@ class Loop:
             reason = f"the loss after the last iteration is {found['value']}"
         if what != "loss" and tally.nonfinite_loss_since is not None:
             reason += f"; the loss has been {_word(tally.last_loss)} since iteration {tally.nonfinite_loss_since}"
+        if found.get("simulation"):
+            reason += f"; {found['simulation']}"
         handled = handled_text(*tally.handled_steps(self.step.groups.values()))
         last = f"last good checkpoint: {saved}" if saved is not None else "no checkpoint was written before it"
         message = f"diverged at iteration {iteration}: {reason}; " + (f"{handled}; " if handled else "") + last
