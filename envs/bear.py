@@ -317,15 +317,16 @@ class BearEnv(NewtonEnv, Segmentable):
         # launched at every step, acting at the last step of a frame only (the device step decides:
         # one captured segment serves every segment)
         slot, substeps = self.slot(t), self.config.substeps
-        common = dict(device=self.device)
-        wp.launch(_clear_mean, dim=1, inputs=[self.segment_base, slot, substeps], outputs=[self.mean], **common)
+        device = self.device
+        wp.launch(_clear_mean, dim=1, inputs=[self.segment_base, slot, substeps], outputs=[self.mean], device=device)
         wp.launch(
             _add_mean, dim=self.model.particle_count,
-            inputs=[self.state(t + 1).particle_qd, self.segment_base, slot, substeps], outputs=[self.mean], **common,
+            inputs=[self.state(t + 1).particle_qd, self.segment_base, slot, substeps], outputs=[self.mean],
+            device=device,
         )  # fmt: skip
         wp.launch(
             _gait, dim=1, inputs=[self.mean, self.segment_base, slot, substeps, row - self._base],
-            outputs=[self.observed["gait"]], **common,
+            outputs=[self.observed["gait"]], device=device,
         )  # fmt: skip
 
     def step_arrays(self) -> list[wp.array]:

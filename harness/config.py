@@ -693,6 +693,33 @@ def _current_targets(node: Any) -> Any:
     return node
 
 
+def _select(node: Any, dotted: str) -> Any:
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _no_open_loop_noise(now: dict) -> bool:
+    return _select(now, "task.init_noise") == 0.0
+
+
+ADDED_FIELDS = {"task.init_noise": _no_open_loop_noise, "task.seed": _no_open_loop_noise}
+"""Config keys added after checkpoints were written, and when the current config's value does
+what the checkpoint's run did without the key (an open-loop run without initial noise does not
+read its seed): a checkpoint that lacks such a key resumes under that condition."""
+
+
+def _fill_added_fields(before: dict, now: dict) -> None:
+    for dotted, unchanged in ADDED_FIELDS.items():
+        parent_key, _, leaf = dotted.rpartition(".")
+        parent = _select(before, parent_key)
+        current = _select(now, dotted)
+        if isinstance(parent, dict) and leaf not in parent and current is not None and unchanged(now):
+            parent[leaf] = current
+
+
 def check_saved_config(saved: Any, cfg: DictConfig, path: Path) -> None:
     """Refuse to resume when the config differs from the checkpoint's beyond :data:`RESUME_MAY_CHANGE`."""
     import yaml
@@ -704,6 +731,7 @@ def check_saved_config(saved: Any, cfg: DictConfig, path: Path) -> None:
     for key in RESUME_MAY_CHANGE:
         before.pop(key, None)
         now.pop(key, None)
+    _fill_added_fields(before, now)
     found = _first_difference(before, now, "")
     if not found:
         return

@@ -349,3 +349,16 @@ def test_a_checkpoint_of_the_earlier_layout_resumes_under_the_new_names_bit_for_
     assert "clip/skipped" in expected.arrays and "nonfinite/skipped" in resumed.arrays
     for key, value in expected.arrays.items():
         np.testing.assert_array_equal(resumed.arrays[state.RENAMED_ARRAYS.get(key, key)], value, err_msg=key)
+
+
+def test_a_checkpoint_from_before_init_noise_resumes_only_without_it(tmp_path):
+    """``task.init_noise`` and ``task.seed`` came after the stage-2 checkpoints: a run without
+    initial noise does what those runs did (resumed above); one that asks for noise is refused."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(STAGE2 / "stage2_run", run_dir)
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    args = [*RUN, "iterations=6", "clip=global_norm", "schedule=cosine_decay", "task.init_noise=0.1"]
+    proc = train([*args, "resume=auto", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "task.init_noise=None, this run has task.init_noise=0.1" in proc.stderr
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before

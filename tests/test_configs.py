@@ -14,6 +14,8 @@ from harness.schedules import Schedule
 from tests.helpers import compose_run
 
 GROUPS = ["env", "loss", "optim", "clip", "schedule", "experiment"]
+REQUIRED = {"robot": ("env.asset=newton:nv_ant.xml", "env.settle_time=0")}
+"""What an env option needs on the command line (the robot env has no default file)."""
 
 
 def build(*overrides: str) -> Run:
@@ -41,7 +43,9 @@ def test_clip_option_instantiates(name):
 def test_loss_option_binds_to_its_env(name):
     # A loss named after an env reads that env's observables; the others are cartpole losses.
     env = name if name in config.available("env") else "cartpole"
-    run = build(f"+env={env}", "env.horizon=2", "env.world_count=1", f"loss={name}", "device=cpu")
+    run = build(
+        f"+env={env}", "env.horizon=2", "env.world_count=1", *REQUIRED.get(env, ()), f"loss={name}", "device=cpu"
+    )
     assert isinstance(run.loss, WeightedLoss)
     run.loss.bind(run.env.observables, device="cpu")
 
@@ -61,7 +65,7 @@ def test_experiment_preset_composes_and_validates(name):
 
 @pytest.mark.parametrize("name", config.available("env"))
 def test_env_option_builds_and_declares_parameters(name):
-    run = build(f"+env={name}", "env.horizon=2", "env.world_count=1", "device=cpu")
+    run = build(f"+env={name}", "env.horizon=2", "env.world_count=1", *REQUIRED.get(name, ()), "device=cpu")
     assert run.task.parameter_specs(run.env)
     assert run.settings.device == "cpu"
 

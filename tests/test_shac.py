@@ -72,21 +72,25 @@ def test_the_actor_gradient_through_the_simulation_restarts_and_the_critic_match
 
 def test_td_lambda_targets_equal_shacs_recursion():
     """The kernel's lambda-return against SHAC's own form of it (its Ai, Bi, lam recursion,
-    NVlabs/DiffRL algorithms/shac.py), with the last row of the window always an end."""
+    NVlabs/DiffRL algorithms/shac.py), with the last row of the window always an end, and a
+    state that ended its episode early (``terminal``, a subset of the ends) valued at 0."""
     rng = np.random.default_rng(1)
     steps, worlds, gamma, lam = 9, 5, 0.99, 0.95
     cost = rng.uniform(0, 2, size=(steps, worlds)).astype(np.float32)
     values = rng.normal(size=(steps, worlds)).astype(np.float32)
     ends = (rng.uniform(size=(steps, worlds)) < 0.2).astype(np.int32)
     ends[-1] = 1
+    terminal = (ends * (rng.uniform(size=(steps, worlds)) < 0.5)).astype(np.int32)
+    assert terminal.any() and (ends > terminal).any()
     targets = wp.zeros((steps, worlds), dtype=wp.float32, device="cpu")
     wp.launch(
         k.td_lambda, dim=worlds,
-        inputs=[wp.array(cost, device="cpu"), wp.array(values, device="cpu"), wp.array(ends, device="cpu"), 1.0,
-                gamma, lam, steps],
+        inputs=[wp.array(cost, device="cpu"), wp.array(values, device="cpu"), wp.array(ends, device="cpu"),
+                wp.array(terminal, device="cpu"), 1.0, gamma, lam, steps],
         outputs=[targets], device="cpu",
     )  # fmt: skip
-    r, v, d = -cost.astype(np.float64), values.astype(np.float64), ends.astype(np.float64)
+    r, d = -cost.astype(np.float64), ends.astype(np.float64)
+    v = values.astype(np.float64) * (1 - terminal)
     a_i, b_i, lam_i = np.zeros(worlds), np.zeros(worlds), np.ones(worlds)
     expected = np.zeros((steps, worlds))
     for i in reversed(range(steps)):

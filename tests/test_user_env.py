@@ -119,6 +119,11 @@ terms:
 """
 
 
+REPO_ENVS = [p.stem for p in (ROOT / "configs" / "env").glob("*.yaml")]
+USER_ENVS = ["projectile", "projectile_long", "no_module", "raising", "inverted"]
+"""The user folder's env files (``user_folder``): a refusal lists them beside the repository's."""
+
+
 @pytest.fixture
 def user_folder(tmp_path) -> Path:
     """``code/my_robots.py`` and ``configs/{env,loss}/*.yaml``, outside this checkout."""
@@ -173,7 +178,7 @@ def test_user_env_trains_gradchecks_and_resumes_from_its_own_folder(user_folder)
 @pytest.mark.parametrize(
     ("name", "field", "accepted"),
     [
-        ("nowhere", "env:", "accepted: ball, cartpole, cartpole_swingup, cloth, inverted, no_module, projectile"),
+        ("nowhere", "env:", "accepted: " + ", ".join(sorted({*REPO_ENVS, *USER_ENVS}))),
         ("no_module", "env._target_", "cannot import 'my_robotz.Projectile'"),
         ("raising", "env:", "RuntimeError: the robot's mesh file is missing"),
         ("inverted", "env: quantity 'launch_velocity'", "accepted: lower <= upper"),
