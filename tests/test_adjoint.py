@@ -77,6 +77,7 @@ def test_clipped_steps_hold_at_most_max_norm_and_the_profile_is_pre_clip():
     assert np.all(clipped.profile()[:-2] < free.profile()[:-2])
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_long_horizon_adjoint_clip_keeps_the_gradient_bounded_by_the_threshold():
     horizon = 800
     rollout = Rollout(horizon, 1, TERMINAL)

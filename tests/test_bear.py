@@ -89,6 +89,7 @@ def bear_gradients(segment_steps: int | None, *, graphs: bool = False) -> dict:
     return rollout_results(env, params, trajectory, total)
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_bear_segments_give_the_full_tapes_gradients_bit_for_bit():
     # 47-step segments over 2 frames of 80 steps: frames end inside segments, a segment inside a frame
     full = bear_gradients(None)

@@ -148,7 +148,7 @@ def digests(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip"])
+@pytest.mark.parametrize("damage", ["truncate", pytest.param("flip", marks=pytest.mark.slow)])
 def test_damaged_checkpoint_is_refused_and_the_others_stay_untouched(tmp_path, damage, make_checkpoints):
     run_dir = make_checkpoints(tmp_path)
     files = checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))
@@ -262,6 +262,7 @@ def test_a_checkpoint_outside_a_run_folder_is_refused(tmp_path, make_checkpoints
     assert "not inside a run's checkpoints/ folder" in proc.stderr
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_resume_by_bare_file_name_from_inside_the_checkpoints_folder(tmp_path, make_checkpoints):
     run_dir = make_checkpoints(tmp_path)
     folder = checkpoint.checkpoint_dir(run_dir)

@@ -172,6 +172,7 @@ def test_a_forgotten_plus_says_to_write_it(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_no_cuda_driver_warning_on_a_machine_without_one(tmp_path):
     """Warp's native library prints a warning at start-up when no NVIDIA driver is found;
     the harness, which needs none, keeps that line off the console."""

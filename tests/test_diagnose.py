@@ -278,6 +278,7 @@ def _same_measures(one: list, other: list) -> None:
             assert x == y or (math.isnan(x) and math.isnan(y)), (a.steps, field, x, y)
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_long_horizons_in_captured_segments_measure_what_one_tape_measures(tmp_path):
     """The cartpole in segments of 5 (the segment graphs, replayed) against one tape, bit for bit:
     open-loop actions (one backward), and sysid's shared pole masses and a policy's weights (a

@@ -77,7 +77,12 @@ def assert_same_curve(ours: np.ndarray, reference: np.ndarray) -> None:
     np.testing.assert_allclose(ours, reference, rtol=1e-2)
 
 
-@pytest.mark.parametrize("name", sorted(PORTS))
+def ports(*slow: str) -> list:
+    """The ports as parameters, the ``slow`` ones marked so (default suite time: make test-slow runs them)."""
+    return [pytest.param(name, marks=pytest.mark.slow) if name in slow else name for name in sorted(PORTS)]
+
+
+@pytest.mark.parametrize("name", ports("soft_body"))
 def test_loss_curve_matches_newtons_example(name, tmp_path, monkeypatch):
     _, substeps, frames = PORTS[name]
     reference = example_loss_history(name, ITERATIONS, frames, monkeypatch)
@@ -120,7 +125,7 @@ def test_tape_gradient_matches_central_differences(name):
     assert result.passed, f"{name}: worst relative error {result.worst:.3g}"
 
 
-@pytest.mark.parametrize("name", sorted(PORTS))
+@pytest.mark.parametrize("name", ports("soft_body"))
 def test_gradient_check_fails_when_a_per_step_buffer_is_shared(name):
     result = gradcheck(name, *BROKEN[name], horizon=SHORT[name])
     assert not result.passed, f"{name}: shared buffers went unnoticed (worst {result.worst:.3g})"

@@ -92,6 +92,7 @@ def test_the_sweep_report_shows_the_episode_figures(shac_sweep, tmp_path):
         assert float(row["upright"]) == pytest.approx(after["upright_fraction"])
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_policy_run_ends_with_its_episodes_and_other_tasks_keep_the_loss_line(tmp_path):
     proc = run_harness("train", *POLICY, "hydra.run.dir=policy", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

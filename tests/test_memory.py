@@ -171,7 +171,12 @@ def port_gradients(name: str, extra: list[str], horizon: int) -> list[dict]:
 @pytest.mark.parametrize(
     ("name", "horizon", "segment_steps"),
     # horizons long enough for a non-zero gradient (the soft body reaches the wall late)
-    [("ball", 20, 6), ("cloth", 20, 6), ("spring_cage", 30, 7), ("soft_body", 300, 70)],
+    [
+        ("ball", 20, 6),
+        ("cloth", 20, 6),
+        ("spring_cage", 30, 7),
+        pytest.param("soft_body", 300, 70, marks=pytest.mark.slow),
+    ],
 )
 def test_newton_ports_give_the_full_tapes_gradients_in_segments_and_segment_graphs(name, horizon, segment_steps):
     (expected,) = port_gradients(name, [], horizon)

@@ -148,6 +148,7 @@ def sweep_of(run_dir: Path, sweep: Path) -> Path:
     return sweep
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_killed_report_leaves_the_previous_csv_and_png(rendered_run, tmp_path):
     _, run_dir = rendered_run
     sweep = sweep_of(run_dir, tmp_path / "sweep")

@@ -14,6 +14,8 @@ import subprocess
 import numpy as np
 import pytest
 import warp as wp
+import yaml
+from omegaconf import OmegaConf
 
 from envs.robot import RobotConfig, RobotEnv, episode_figures
 from harness import build, checkpoint, config
@@ -316,6 +318,7 @@ def test_newtons_own_featherstone_gets_the_contact_wrench_gradient_wrong():
     assert np.abs(grad - fd).max() > 0.1 * scale
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_sigkilled_ant_run_resumes_bit_for_bit(tmp_path):
     args = ["+env=ant", "task=shac", "env.world_count=2", "task.window=3", "task.critic_minibatches=2",
             "task.critic_epochs=2", "task.actor.hidden=[16,16]", "task.critic.hidden=[16,16]", "iterations=150",
@@ -351,6 +354,7 @@ def test_a_run_that_blows_up_stops_diverged_naming_the_step_and_the_body(tmp_pat
     assert summary["status"] == "diverged" and "of world 0" in summary["diverged"]["simulation"]
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_the_quadruped_urdf_passes_its_gradcheck_and_trains_a_few_shac_iterations(tmp_path):
     """Newton's bundled quadruped.urdf (the URDF importer) as +env=quadruped: gradcheck's own
     rollout for it (configs/gradcheck.yaml) passes from the command line, and SHAC trains."""
@@ -366,3 +370,41 @@ def test_the_quadruped_urdf_passes_its_gradcheck_and_trains_a_few_shac_iteration
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "finished" and np.isfinite(summary["final_loss"])
+
+
+MY_ANT = """\
+defaults:
+  - robot
+  - _self_
+
+asset: newton:nv_ant.xml
+actuated: [hip_1, ankle_1, hip_3, ankle_3]
+torque: [15.0, 10.0, 15.0, 10.0]
+root: torso
+observation: [root_height, up, joint_q, joint_qd, previous_action]
+observation_scale: {joint_qd: 0.1}
+reward: {forward_velocity: 1.0, action_cost: 0.01}
+termination_height: 0.2
+world_count: 2
+horizon: 12
+"""
+
+
+def test_a_robot_yaml_in_the_users_own_folder_trains_with_no_python(tmp_path):
+    """docs/envs.md's promise: a YAML of one's own (here four of the Ant's eight joints, its own
+    torques, observation pieces and reward terms) in a folder outside the repository trains."""
+    from tests.helpers import run_harness
+
+    (tmp_path / "my_configs" / "env").mkdir(parents=True)
+    (tmp_path / "my_configs" / "env" / "my_ant.yaml").write_text(MY_ANT)
+    args = ["train", "+env=my_ant", "task=shac", "task.window=3", "task.critic_minibatches=2", "task.critic_epochs=2",
+            "iterations=3", "log_every=1", "plot_every=null", "env.settle_time=0", "hydra.run.dir=run"]  # fmt: skip
+    proc = run_harness(*args, cwd=tmp_path, env={"HARNESS_CONFIG_PATH": str(tmp_path / "my_configs")})
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["env"] == "robot"  # the env class; the file is the preset
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["env"]
+    assert saved["actuated"] == ["hip_1", "ankle_1", "hip_3", "ankle_3"] and saved["torque"] == [15.0, 10.0, 15.0, 10.0]
+    _, mine = build.check_env_fields(OmegaConf.create({"env": saved}))
+    # height, up, the 8 hinges' q and qd (every joint is observed, 4 are actuated), the 4 previous actions
+    assert mine.action_dim() == 4 and mine.observation_dim() == 1 + 1 + 8 + 8 + 4

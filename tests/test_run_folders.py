@@ -53,6 +53,7 @@ def finished(tmp_path_factory) -> Path:
     return root / "run"
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_second_writer_of_a_folder_is_refused_while_the_first_runs(tmp_path):
     run = tmp_path / "run"
     first = start_harness(
@@ -146,6 +147,7 @@ def test_a_finished_run_is_reused_only_by_resume_or_overwrite(finished, tmp_path
     assert snapshot(finished) == before
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_overwrite_replaces_a_finished_run(tmp_path):
     run = tmp_path / "run"
     first = run_harness("train", *TINY, "iterations=4", "checkpoint.every=1", f"hydra.run.dir={run}", cwd=tmp_path)
@@ -172,6 +174,7 @@ def test_a_resumed_run_keeps_its_folders_hydra_record(finished, tmp_path):
     assert json.loads((copy / "summary.json").read_text())["iterations"] == 6
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_resume_that_starts_from_scratch_hides_the_earlier_events(tmp_path):
     run = tmp_path / "run"
     short = [a for a in TINY if not a.startswith("log_every=")]
@@ -211,6 +214,7 @@ def test_a_resume_that_starts_from_scratch_hides_the_earlier_events(tmp_path):
     assert steps == [1, 2, 3], steps  # the killed process's steps are hidden, none doubled
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_sweep_dir_holding_an_earlier_sweep_is_refused(tmp_path):
     sweep = tmp_path / "sweep"
     first = run_harness("train", "-m", *TINY, "iterations=2", "seed=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
@@ -278,7 +282,7 @@ def crashing_env(tmp_path) -> dict[str, str]:
     return {"PYTHONPATH": f"{tmp_path / 'code'}:{ROOT}", "HARNESS_CONFIG_PATH": str(tmp_path / "configs")}
 
 
-@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+@pytest.mark.parametrize("launcher", ["basic", pytest.param("joblib", marks=pytest.mark.slow)])
 def test_a_sweep_runs_every_job_past_a_refused_a_crashed_and_a_diverged_one(launcher, crashing_env, tmp_path):
     """optim.lr=-1 is refused by the schema, optim.lr=1e20 (plain SGD) diverges, env.crash=true
     raises inside training; the other jobs run to their end, the sweep counts them all."""

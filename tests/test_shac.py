@@ -199,6 +199,7 @@ def test_both_groups_and_the_critic_are_logged_and_checkpointed(tmp_path):
     assert report["env"]["world_count"] == 6 and np.isfinite(report["figures"]["episode_return"])
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_shac_run_killed_with_sigkill_resumes_bit_for_bit(tmp_path):
     args = [*SMALL, "iterations=200", "checkpoint.every=3", "log_every=1"]
     straight = train([*args, f"hydra.run.dir={tmp_path / 'straight'}"], tmp_path)

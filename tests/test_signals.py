@@ -211,6 +211,7 @@ def test_ctrl_c_in_a_joblib_sweep_is_one_line_from_all_processes(tmp_path):
     assert not leftover  # no worker keeps running
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_ctrl_c_in_a_sweep_with_the_basic_launcher_stops_the_job_with_its_checkpoint(tmp_path):
     sweep = tmp_path / "sweep"
     run = Harness("train", "-m", *SLOW_ITERATIONS, "seed=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path)

@@ -422,6 +422,7 @@ def test_report_treats_seeds_as_replicates_and_plots_against_the_threshold(tmp_p
     assert png[:4] == b"\x89PNG" and int.from_bytes(png[16:20], "big") >= 1200
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_report_on_a_single_run_says_it_is_not_a_sweep(tmp_path):
     run_dir = tmp_path / "run"
     assert harness("train", *TINY, f"hydra.run.dir={run_dir}", cwd=tmp_path).returncode == 0
