@@ -153,6 +153,12 @@ class RobotConfig(NewtonEnvConfig):
     contact_kd_depth: float | None = field(
         None, minimum=0.0, doc="damping per metre of depth [N s/m^2] in place of contact_kd (Hunt-Crossley; DiffRL)"
     )
+    contact_kd_depth_ratio: float | None = field(
+        0.25,
+        minimum=0.0,
+        doc="where contact_kd_depth and contact_kd are null: Hunt-Crossley damping of this times the contact "
+        "stiffness [s/m] (DiffRL's Ant: 1e4 / 4e4 = 0.25); null: the file's constant damping",
+    )
     contact_kf: float | None = field(None, minimum=0.0, doc="friction stiffness [N s/m] (null: the file's)")
     contact_mu: float | None = field(None, minimum=0.0, doc="friction coefficient (null: the file's)")
     self_collisions: bool = field(False, doc="collide the robot's own shapes with each other")
@@ -954,7 +960,13 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
                     getattr(single, target)[d] = value
         shapes = _collision_shapes(single)
         ground = {}
-        kd = 0.0 if cfg.contact_kd_depth is not None else cfg.contact_kd  # Hunt-Crossley replaces it
+        ke = cfg.contact_ke
+        if ke is None:
+            ke = float(np.mean([single.shape_material_ke[s] for s in shapes])) if shapes else 0.0
+        self.kd_depth = cfg.contact_kd_depth
+        if self.kd_depth is None and cfg.contact_kd is None and cfg.contact_kd_depth_ratio is not None:
+            self.kd_depth = cfg.contact_kd_depth_ratio * ke  # the file's stiffness, Hunt-Crossley's damping
+        kd = 0.0 if self.kd_depth is not None else cfg.contact_kd  # Hunt-Crossley replaces it
         materials = {"ke": cfg.contact_ke, "kd": kd, "kf": cfg.contact_kf, "mu": cfg.contact_mu}
         for value, target in ((value, f"shape_material_{name}") for name, value in materials.items()):
             values = getattr(single, target)
@@ -1121,7 +1133,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
                 self.pipeline.collide(source, contacts)
             self.substeps.prepare(slot, k)
             source.clear_forces()
-            if cfg.contact_kd_depth is not None:  # Hunt-Crossley: the contacts' damping as external wrenches
+            if self.kd_depth is not None:  # Hunt-Crossley: the contacts' damping as external wrenches
                 self._damp(source, contacts)
             self.solver.step(source, target, self.controls[slot], contacts, self.substep_dt)
             source = target
@@ -1151,7 +1163,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
                     contacts.rigid_contact_count, contacts.rigid_contact_shape0, contacts.rigid_contact_shape1,
                     contacts.rigid_contact_point0,
                     contacts.rigid_contact_point1, contacts.rigid_contact_normal, contacts.rigid_contact_margin0,
-                    contacts.rigid_contact_margin1, self.config.contact_kd_depth],
+                    contacts.rigid_contact_margin1, self.kd_depth],
             outputs=[state.body_f], device=self.device,
         )  # fmt: skip
 

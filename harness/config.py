@@ -705,10 +705,19 @@ def _no_open_loop_noise(now: dict) -> bool:
     return _select(now, "task.init_noise") == 0.0
 
 
-ADDED_FIELDS = {"task.init_noise": _no_open_loop_noise, "task.seed": _no_open_loop_noise}
+def _contact_damping_given(now: dict) -> bool:
+    return _select(now, "env.contact_kd_depth") is not None or _select(now, "env.contact_kd") is not None
+
+
+ADDED_FIELDS = {
+    "task.init_noise": _no_open_loop_noise,
+    "task.seed": _no_open_loop_noise,
+    "env.contact_kd_depth_ratio": _contact_damping_given,
+}
 """Config keys added after checkpoints were written, and when the current config's value does
 what the checkpoint's run did without the key (an open-loop run without initial noise does not
-read its seed): a checkpoint that lacks such a key resumes under that condition."""
+read its seed; a robot whose contact damping is given does not read the ratio): a checkpoint
+that lacks such a key resumes under that condition."""
 
 
 def _fill_added_fields(before: dict, now: dict) -> None:

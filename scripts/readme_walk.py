@@ -124,6 +124,22 @@ def check_gradcheck(walk: Walk) -> None:
     assert "passed" in walk.out.lower() or "worst relative error" in walk.out
 
 
+def check_gradcheck_ant(walk: Walk) -> None:
+    """The Ant's check: a table per contact phase, touchdowns and lift-offs among them, and a pass."""
+    for phase in ("flight", "stance", "touchdown", "lift-off"):
+        assert re.search(rf"^\s+{phase}\s+\d+", walk.out, flags=re.M), phase
+    assert re.search(r"worst relative error \S+ \(tolerance \S+\): ok", walk.out), walk.out[-500:]
+
+
+def check_robot_file(walk: Walk) -> None:
+    """A robot file given alone trains: SHAC's iterations finish and the episodes are reported."""
+    run = walk.root / run_folder(walk.out)
+    s = summary(run)
+    assert s["status"] == "finished" and s["env"] == "robot", (s["status"], s["env"])
+    assert s["iterations_done"] == 20, s["iterations_done"]
+    assert re.search(r"done: return \S+ -> \S+ \(16 worlds, 1000 steps\)", walk.out), walk.out[-500:]
+
+
 def check_diagnose(walk: Walk) -> None:
     found = re.search(r"wrote (\S+)/diagnose\.json and ", walk.out)
     assert found, walk.out[-2000:]
@@ -188,7 +204,9 @@ CHECKS: list[tuple[str, Callable[[Walk], None]]] = [
     (r"^python -m harness evaluate outputs/cartpole_swingup/<policy time> ", check_evaluate_policy),
     (r"^python -m harness render outputs/cartpole_swingup/<policy time>$", check_render),
     (r"^python -m harness train \+env=cartpole env\.horizon=120 ", check_overrides),
-    (r"^python -m harness gradcheck ", check_gradcheck),
+    (r"^python -m harness gradcheck \+env=cartpole ", check_gradcheck),
+    (r"^python -m harness gradcheck \+env=ant$", check_gradcheck_ant),
+    (r"^python -m harness train \+env=robot env\.asset=", check_robot_file),
     (r"^python -m harness record ", check_record),
     (r"task=sysid ", check_sysid),
     (r"^python -m harness diagnose ", check_diagnose),
