@@ -408,3 +408,11 @@ def test_a_robot_yaml_in_the_users_own_folder_trains_with_no_python(tmp_path):
     _, mine = build.check_env_fields(OmegaConf.create({"env": saved}))
     # height, up, the 8 hinges' q and qd (every joint is observed, 4 are actuated), the 4 previous actions
     assert mine.action_dim() == 4 and mine.observation_dim() == 1 + 1 + 8 + 8 + 4
+
+
+def test_an_ant_too_big_for_the_machine_is_refused_before_anything_is_written(tmp_path):
+    """docs/reliability.md's size promise for the robots: the memory estimate refuses, one line."""
+    from tests.helpers import run_harness
+
+    proc = run_harness("train", "+env=ant", "task=shac", "env.world_count=100000", cwd=tmp_path)
+    assert_clean_rejection(proc, "env.world_count=100000", "accepted: fewer worlds", tmp_path)
