@@ -65,6 +65,7 @@ def test_render_plays_in_real_time_with_each_run_in_its_colour_and_the_time_on_e
     assert frames[0].std() > 0 and not np.array_equal(frames[0], frames[-1])  # something is drawn, and it moves
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_render_in_slow_motion_with_plots_and_recordings_newtons_viewer_file_replays(cartpole_run):
     import newton.viewer
 

@@ -331,6 +331,7 @@ def test_a_sweep_runs_every_job_past_a_refused_a_crashed_and_a_diverged_one(laun
     assert len(rows) == 6, rows
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_sweep_job_too_big_for_the_machine_is_refused_and_the_others_run(tmp_path):
     sweep = tmp_path / "sweep"
     sizes = [a for a in TINY if not a.startswith("env.world_count=")]

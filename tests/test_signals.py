@@ -337,6 +337,7 @@ def test_a_signal_a_library_turns_into_its_own_error_still_exits_128_plus_the_si
     assert "interrupted by SIGINT" in line and "train" in line, line
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_signal_turned_into_an_error_inside_a_sweep_job_stops_the_sweep(tmp_path):
     """The second job's env turns a real SIGINT into its own error while it is built: the sweep
     stops there as on a Ctrl-C (one line, 130) instead of counting a failed job and going on."""

@@ -63,6 +63,7 @@ def train(folder, *args):
     return run_harness(*base, *args, cwd=folder / "work", env=env)
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_term_from_outside_the_repository_trains_from_the_command_line(user_folder):
     """The cartpole's pole angles stay within 1 rad over 12 steps, where Huber's penalty is
     exactly half the square: the first iteration's loss is exactly half the quadratic one."""
