@@ -4,7 +4,7 @@
 ``add_urdf``, ``add_usd``), replicates it over ``world_count`` worlds that overlap on one ground
 plane (contacts never cross worlds: Newton's collision pipeline keeps worlds apart) and steps it
 with ``SolverFeatherstone``, ``substeps`` solver steps per control step. Everything task-specific
-is data in the env's YAML (docs/envs.md, "Bring your own robot"): which joints are actuated and
+is data in the env's YAML (docs/envs.md, "A robot of your own"): which joints are actuated and
 their torque per unit action, the root body, the observation as named pieces, the reward as
 weighted terms, early termination, the start and its noise. ``configs/env/ant.yaml`` (DiffRL's
 Ant) and ``configs/env/quadruped.yaml`` are such YAML files and nothing else.
@@ -239,12 +239,12 @@ class RobotConfig(NewtonEnvConfig):
 
     def action_fd_step(self) -> float:
         # 1e-3 of the torque scale (0.2 N m on the Ant): small enough that no contact opens, closes
-        # or changes friction regime inside the difference, large enough for float32 (docs/envs.md)
+        # or changes friction regime inside the difference, large enough for float32 (docs/robots.md)
         return 1.0e-3
 
     def gradcheck_tolerance(self) -> float:
         # float32 central differences at that step resolve a 0.5 s rollout's gradient through contact
-        # to a few percent (docs/envs.md, "Gradients through contact")
+        # to a few percent (docs/robots.md, "Gradients through contact")
         return 1.0e-1
 
 
