@@ -31,6 +31,7 @@ def curve(run: Path) -> dict:
     found = {
         "run": str(run),
         "seed": config.get("seed"),
+        "planned_iterations": config.get("iterations"),
         "steps": [step * per_iteration for step in sorted(points)],
         "iterations": sorted(points),
         "return": [points[step] for step in sorted(points)],
@@ -63,11 +64,14 @@ def main() -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.5), constrained_layout=True)
     for i, c in enumerate(curves):
         colour = f"C{i}"
-        ax.plot(c["steps"], c["return"], "o-", color=colour, label=f"seed {c['seed']}: episodes from the env's starts")
+        label = f"seed {c['seed']}: episodes from the env's starts"
+        if c["iterations"] and c["planned_iterations"] and c["iterations"][-1] < c["planned_iterations"]:
+            label += f" (stopped at iteration {c['iterations'][-1]} of {c['planned_iterations']})"
+        ax.plot(c["steps"], c["return"], "o-", color=colour, label=label)
         if "held_out" in c and "episode_return" in c["held_out"]:
             h = c["held_out"]
-            label = f"seed {c['seed']}: 64 held-out starts (env.seed=7), {h.get('forward_speed', float('nan')):.2f} m/s"
-            ax.plot([h["steps"]], [h["episode_return"]], "*", color=colour, markersize=14, label=label)
+            held = f"seed {c['seed']}: 64 held-out starts (env.seed=7), {h.get('forward_speed', float('nan')):.2f} m/s"
+            ax.plot([h["steps"]], [h["episode_return"]], "*", color=colour, markersize=14, label=held)
     ax.set_xlabel("simulated steps (iterations x 32 steps x 64 worlds)")
     ax.set_ylabel("episode return (1000 steps)")
     ax.set_title("SHAC on the Ant (+env=ant task=shac), this CPU")
