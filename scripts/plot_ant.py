@@ -23,11 +23,13 @@ def curve(run: Path) -> dict:
     """One run's ``episode/return`` against simulated steps, and its held-out evaluation."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from harness import tags
+
     config = yaml.safe_load((run / "config.yaml").read_text())
     per_iteration = int(config["task"]["window"]) * int(config["env"]["world_count"])
     events = EventAccumulator(str(run), size_guidance={"scalars": 0})
     events.Reload()
-    points = {e.step: e.value for e in events.Scalars("episode/return")}  # a resumed run rewrites its steps
+    points = {e.step: e.value for e in events.Scalars(tags.EPISODE_RETURN)}  # a resumed run rewrites its steps
     found = {
         "run": str(run),
         "seed": config.get("seed"),

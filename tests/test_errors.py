@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from harness import checkpoint
+from harness import checkpoint, config
 from tests.helpers import harness_env, run_harness
 
-ENVS = ", ".join(sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "configs" / "env").glob("*.yaml")))
+ENVS = ", ".join(sorted(config.available("env")))
 """The env options of the repository (every file of configs/env), as a refusal lists them."""
 
 ENV = ["+env=cartpole", "env.horizon=4", "env.world_count=1", "iterations=1"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness import config
 from tests.helpers import ROOT, run_harness
 from tests.test_errors import assert_clean_rejection
 
@@ -119,7 +120,7 @@ terms:
 """
 
 
-REPO_ENVS = [p.stem for p in (ROOT / "configs" / "env").glob("*.yaml")]
+REPO_ENVS = config.available("env")
 USER_ENVS = ["projectile", "projectile_long", "no_module", "raising", "inverted"]
 """The user folder's env files (``user_folder``): a refusal lists them beside the repository's."""
 
