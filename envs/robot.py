@@ -21,7 +21,12 @@ refused in one line saying what it did (``env.settle_time=0`` skips the check).
 Every control step:
 
 1. ``act``: the action, clipped to [-1, 1], times each actuated dof's torque scale into the
-   step's ``joint_f``; the clipped action is also written into the next state as its
+   step's ``joint_f`` (``control: torque``), or, with ``control: position``, each actuated dof's
+   start coordinate plus ``target_scale`` times the action into the step's ``joint_target_q``,
+   which Featherstone's joint drive tracks every substep with the torque
+   ``target_ke (target - q) - target_kd qd`` (a PD drive: the way legged robots are commonly
+   trained, e.g. Rudin et al. 2022; unlimited: Newton's drive has no effort limit); the clipped
+   action is also written into the next state as its
    ``prev_action`` (a state field: a restart clears it, a segment saves it, an observation reads
    it, and the gradient flows from an observation of it back into the action).
 2. ``step``: forward kinematics of the step's first state (its ``body_q`` from its ``joint_q``:
@@ -134,6 +139,21 @@ class RobotConfig(NewtonEnvConfig):
     default_torque: float = field(
         1.0, minimum=0.0, strict=True, doc="torque per unit action where the asset gives none"
     )
+    control: str = field(
+        "torque",
+        choices=("torque", "position"),
+        doc="what an action sets: torque (torque x action) or position (a PD drive's target: the start "
+        "coordinate + target_scale x action)",
+    )
+    target_scale: tuple[float, ...] = field(
+        (0.5,), minimum=0.0, doc="control=position: target offset [rad or m] per unit action, one or per dof"
+    )
+    target_ke: tuple[float, ...] | None = field(
+        None, minimum=0.0, doc="control=position: drive stiffness [N m/rad or N/m], one or per dof (null: the file's)"
+    )
+    target_kd: tuple[float, ...] | None = field(
+        None, minimum=0.0, doc="control=position: drive damping [N m s/rad or N s/m], one or per dof (null: the file's)"
+    )
     root: str | None = field(None, doc="name of the root body (null: the floating base's body)")
     up_axis: str = field("z", choices=("x", "y", "z"), doc="the world's up axis")
     forward: tuple[float, ...] = field(
@@ -162,6 +182,11 @@ class RobotConfig(NewtonEnvConfig):
     contact_kf: float | None = field(None, minimum=0.0, doc="friction stiffness [N s/m] (null: the file's)")
     contact_mu: float | None = field(None, minimum=0.0, doc="friction coefficient (null: the file's)")
     self_collisions: bool = field(False, doc="collide the robot's own shapes with each other")
+    round_cylinders: bool = field(
+        False,
+        doc="collide each cylinder as a capsule of its radius and length (a flat end's contact points jump as it "
+        "tilts; a capsule's slide: docs/robots.md)",
+    )
     start_height: float | None = field(
         None, doc="root height at the start [m] (null: lowest point clearance above ground)"
     )
@@ -238,9 +263,11 @@ class RobotConfig(NewtonEnvConfig):
         return self.layout().observation_width(self.observation)
 
     def action_fd_step(self) -> float:
-        # 1e-3 of the torque scale (0.2 N m on the Ant): small enough that no contact opens, closes
-        # or changes friction regime inside the difference, large enough for float32 (docs/robots.md)
-        return 1.0e-3
+        # torque: 1e-3 of the torque scale (0.2 N m on the Ant): small enough that no contact opens,
+        # closes or changes friction regime inside the difference, large enough for float32; position:
+        # 3e-3 of the target range (0.2 N m of drive torque on the quadruped: 150 N m/rad x 0.5 rad x
+        # 3e-3; at 1e-3 float32 differences of its 30-step check part by 20%) (docs/robots.md)
+        return 3.0e-3 if self.control == "position" else 1.0e-3
 
     def gradcheck_tolerance(self) -> float:
         # float32 central differences at that step resolve a 0.5 s rollout's gradient through contact
@@ -263,6 +290,10 @@ class RobotLayout:
     actuated_dofs: tuple[int, ...]
     actuated_names: tuple[str, ...]
     torque: tuple[float, ...]
+    target_coords: tuple[int, ...]  # each actuated dof's coordinate (its joint_target_q entry)
+    target_scale: tuple[float, ...]  # control=position: offset per unit action, per actuated dof
+    target_ke: tuple[float, ...]  # control=position: drive stiffness and damping, per actuated dof
+    target_kd: tuple[float, ...]
     joint_coords: tuple[int, ...]  # every coordinate but the root's
     joint_dofs: tuple[int, ...]  # every dof but the root's
     scalar_joints: tuple[tuple[int, int], ...]  # (coordinate, dof) of every one-coordinate joint but the root
@@ -380,6 +411,50 @@ def _mjcf_gears(builder: Any) -> dict[int, float]:
     return found
 
 
+def _targets(
+    builder: Any,
+    cfg: RobotConfig,
+    joints: list[int],
+    dofs: list[int],
+    q_start: list[int],
+    qd_start: list[int],
+    coord_count: int,
+    dof_count: int,
+) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:
+    """Each actuated dof's coordinate (its ``joint_target_q`` entry) and, for ``control: position``,
+    its drive's scale and gains: one value for all dofs or one each; null gains are the file's."""
+    coords = []
+    for j in joints:
+        q_end = q_start[j + 1] if j + 1 < len(q_start) else coord_count
+        qd_end = qd_start[j + 1] if j + 1 < len(qd_start) else dof_count
+        if q_end - q_start[j] == qd_end - qd_start[j]:  # hinges, slides and their D6 axes: a coordinate per dof
+            coords.extend(range(q_start[j], q_end))
+        else:
+            coords.extend([-1] * (qd_end - qd_start[j]))  # a ball joint: no coordinate per dof
+    found = {}
+    for name, own in (("target_scale", None), ("target_ke", "joint_target_ke"), ("target_kd", "joint_target_kd")):
+        given = getattr(cfg, name)
+        if given is None:
+            values = tuple(float(getattr(builder, own)[d]) for d in dofs)
+        elif len(given) in (1, len(dofs)):
+            values = tuple(float(v) for v in given) * (len(dofs) if len(given) == 1 else 1)
+        else:
+            raise RobotFileError(f"env.{name}: needs 1 or {len(dofs)} values (one per actuated dof), got {len(given)}")
+        found[name] = values
+    if cfg.control == "position":
+        if -1 in coords:
+            raise RobotFileError(
+                f"env.control: position drives one coordinate per dof, and '{cfg.asset}' actuates a ball joint; "
+                "accepted: torque, or env.actuated without it"
+            )
+        if not any(found["target_ke"]):
+            raise RobotFileError(
+                f"env.target_ke: control=position needs a drive stiffness and '{cfg.asset}' gives none; "
+                "accepted: one value [N m/rad] or one per actuated dof"
+            )
+    return tuple(coords), found
+
+
 def _limit(value: float) -> float:
     """A joint limit, with Newton's 'no limit' (|value| >= 1e9) as an infinity."""
     return float(value) if abs(float(value)) < 1.0e9 else math.copysign(math.inf, float(value))
@@ -393,7 +468,8 @@ def robot_layout(cfg: RobotConfig) -> RobotLayout:
     """The layout of ``cfg.asset`` with ``cfg``'s choices (cached per file and choices)."""
     path = asset_path(cfg.asset)
     key = (path, os.path.getmtime(path) if os.path.isfile(path) else 0,
-           cfg.actuated, cfg.torque, cfg.default_torque, cfg.root, cfg.up_axis, cfg.self_collisions)  # fmt: skip
+           cfg.actuated, cfg.torque, cfg.default_torque, cfg.root, cfg.up_axis, cfg.self_collisions,
+           cfg.control, cfg.target_scale, cfg.target_ke, cfg.target_kd)  # fmt: skip
     if key not in _LAYOUTS:
         _LAYOUTS[key] = _layout(load_robot(cfg), cfg)
     return _LAYOUTS[key]
@@ -462,6 +538,7 @@ def _layout(builder: Any, cfg: RobotConfig) -> RobotLayout:
             else:
                 torque.append(cfg.default_torque)
         torque = tuple(torque)
+    target_coords, target = _targets(builder, cfg, actuated_joints, dofs, q_start, qd_start, coord_count, dof_count)
     root_coords = set(span(q_start, coord_count, root_joint)) if root_joint is not None else set()
     root_dofs = set(span(qd_start, dof_count, root_joint)) if root_joint is not None else set()
     joint_coords = tuple(c for c in range(coord_count) if c not in root_coords)
@@ -476,7 +553,9 @@ def _layout(builder: Any, cfg: RobotConfig) -> RobotLayout:
         joint_names=joint_names, body_names=body_names, root_body=root_body, root_free=root_free,
         coord_count=coord_count, dof_count=dof_count, body_count=builder.body_count, shape_count=builder.shape_count,
         actuated_dofs=tuple(dofs), actuated_names=tuple(joint_names[j] for j in actuated_joints), torque=torque,
-        joint_coords=joint_coords, joint_dofs=joint_dofs, scalar_joints=scalar, lower=lower, upper=upper,
+        target_coords=target_coords, target_scale=target["target_scale"], target_ke=target["target_ke"],
+        target_kd=target["target_kd"], joint_coords=joint_coords, joint_dofs=joint_dofs, scalar_joints=scalar,
+        lower=lower, upper=upper,
     )  # fmt: skip
 
 
@@ -497,17 +576,20 @@ def _apply_actions(
     actions: wp.array3d(dtype=wp.float32),
     base: wp.array(dtype=wp.int32),
     slot: int,
-    dofs: wp.array(dtype=wp.int32),
-    torque: wp.array(dtype=wp.float32),
-    dof_count: int,
-    joint_f: wp.array(dtype=wp.float32),
+    index: wp.array(dtype=wp.int32),
+    rest: wp.array(dtype=wp.float32),
+    scale: wp.array(dtype=wp.float32),
+    stride: int,
+    out: wp.array(dtype=wp.float32),
     prev_action: wp.array(dtype=wp.float32),
 ):
-    # The step's row is base[0] + slot (segment graphs: the same launch for every segment).
+    # out[index] = rest[index] + scale x the clipped action: joint_f (dofs, rest 0, the torques) or
+    # joint_target_q (coordinates, rest the start pose, target_scale). The step's row is
+    # base[0] + slot (segment graphs: the same launch for every segment).
     w, i = wp.tid()
     a = wp.clamp(actions[base[0] + slot, w, i], -1.0, 1.0)
-    joint_f[w * dof_count + dofs[i]] = a * torque[i]
-    prev_action[w * dofs.shape[0] + i] = a
+    out[w * stride + index[i]] = rest[index[i]] + a * scale[i]
+    prev_action[w * index.shape[0] + i] = a
 
 
 @wp.kernel
@@ -853,6 +935,17 @@ def _set_density(builder: Any, density: float) -> None:
         builder._update_body_mass(body, m, inertia, p, wp.transform_get_rotation(X))
 
 
+def _round_cylinders(builder: Any) -> None:
+    """Every collision cylinder becomes a capsule of the same radius and overall length."""
+    import newton
+
+    for s in _collision_shapes(builder):
+        if int(builder.shape_type[s]) == int(newton.GeoType.CYLINDER):
+            radius, half, _ = builder.shape_scale[s]
+            builder.shape_type[s] = newton.GeoType.CAPSULE
+            builder.shape_scale[s] = (radius, max(half - radius, 0.0), 0.0)
+
+
 def _lowest_point(builder: Any, model: Any, state: Any, up: int) -> float:
     """The lowest point along ``up`` of the collision shapes of world 0 at ``state``'s body poses [m]."""
     import newton
@@ -907,10 +1000,18 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         self.joint_f = wp.zeros(
             (kept, self.model.joint_dof_count), dtype=wp.float32, device=self.device, requires_grad=True
         )
+        self.joint_target_q = None  # control=position: per step kept, the drive's targets (the rest: the model's)
+        if cfg.control == "position":
+            self.joint_target_q = wp.array(
+                np.tile(self.model.joint_target_q.numpy(), (kept, 1)), dtype=wp.float32, device=self.device,
+                requires_grad=True,
+            )  # fmt: skip
         self.controls = []
         for t in range(kept):
             control = self.model.control(clone_variables=False)
             control.joint_f = self.joint_f[t]
+            if self.joint_target_q is not None:
+                control.joint_target_q = self.joint_target_q[t]
             self.controls.append(control)
         from envs.featherstone import Substeps
 
@@ -952,6 +1053,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         single = load_robot(cfg)
         if cfg.density is not None:
             _set_density(single, cfg.density)
+        if cfg.round_cylinders:  # after the masses: only how the shapes touch changes
+            _round_cylinders(single)
         moving = set(layout.joint_dofs)
         for d in moving:
             for value, target in ((cfg.armature, "joint_armature"), (cfg.joint_damping, "joint_damping"),
@@ -997,6 +1100,11 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             base_q[up] = cfg.start_height if cfg.start_height is not None else cfg.clearance - lowest
         single.joint_q[:] = base_q.tolist()
         self.base_q = base_q.astype(np.float32)
+        if cfg.control == "position":  # the drive's gains; its target at rest is the start pose
+            for d, c, ke, kd in zip(layout.actuated_dofs, layout.target_coords, layout.target_ke, layout.target_kd,
+                                    strict=True):  # fmt: skip
+                single.joint_target_ke[d], single.joint_target_kd[d] = ke, kd
+                single.joint_target_q[c] = float(base_q[c])
         builder = newton.ModelBuilder(up_axis=single.up_axis)
         builder.replicate(single, self.world_count, spacing=(0.0, 0.0, 0.0))  # overlapping worlds on one ground
         plane = newton.ModelBuilder.ShapeConfig(
@@ -1058,6 +1166,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         self._lower = floats([max(lo, -1.0e30) for _, lo, _ in limited])
         self._upper = floats([min(hi, 1.0e30) for _, _, hi in limited])
         self._dofs, self._torque = ints(layout.actuated_dofs), floats(layout.torque)
+        self._no_torque = floats(np.zeros(layout.dof_count))
+        self._target_coords, self._target_scale = ints(layout.target_coords), floats(layout.target_scale)
         self._noisy = ints([c for c, _ in layout.scalar_joints])
         self._base_q = floats(self.base_q)
         self._up = wp.vec3(*np.eye(3)["xyz".index(cfg.up_axis)])
@@ -1116,10 +1226,16 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         newton.eval_fk(self.model, state.joint_q, state.joint_qd, state)
 
     def act(self, t: int, actions: wp.array) -> None:
+        layout = self.layout
+        if self.joint_target_q is not None:  # control=position: the drive's targets
+            where = (self._target_coords, self._base_q, self._target_scale, layout.coord_count, self.joint_target_q)
+        else:
+            where = (self._dofs, self._no_torque, self._torque, layout.dof_count, self.joint_f)
+        index, rest, scale, stride, out = where
         wp.launch(
-            _apply_actions, dim=(self.world_count, len(self.layout.actuated_dofs)),
-            inputs=[actions, self.segment_base, self.slot(t), self._dofs, self._torque, self.layout.dof_count],
-            outputs=[self.joint_f[self.store(t)], self.state(t + 1).prev_action], device=self.device,
+            _apply_actions, dim=(self.world_count, len(layout.actuated_dofs)),
+            inputs=[actions, self.segment_base, self.slot(t), index, rest, scale, stride],
+            outputs=[out[self.store(t)], self.state(t + 1).prev_action], device=self.device,
         )  # fmt: skip
 
     def step(self, t: int) -> None:
@@ -1217,7 +1333,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         return self.slot(t) if self.config.per_step_states else 0
 
     def step_arrays(self) -> list[wp.array]:
-        return [self.joint_f, *self.substeps.arrays()]
+        targets = [] if self.joint_target_q is None else [self.joint_target_q]
+        return [self.joint_f, *targets, *self.substeps.arrays()]
 
     # -- what a run reports ------------------------------------------------------------------------
 

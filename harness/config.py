@@ -709,14 +709,28 @@ def _contact_damping_given(now: dict) -> bool:
     return _select(now, "env.contact_kd_depth") is not None or _select(now, "env.contact_kd") is not None
 
 
+def _torque_control(now: dict) -> bool:
+    return _select(now, "env.control") == "torque"
+
+
+def _square_cylinders(now: dict) -> bool:
+    return _select(now, "env.round_cylinders") is False
+
+
 ADDED_FIELDS = {
     "task.init_noise": _no_open_loop_noise,
     "task.seed": _no_open_loop_noise,
     "env.contact_kd_depth_ratio": _contact_damping_given,
+    "env.control": _torque_control,
+    "env.target_scale": _torque_control,
+    "env.target_ke": _torque_control,
+    "env.target_kd": _torque_control,
+    "env.round_cylinders": _square_cylinders,
 }
 """Config keys added after checkpoints were written, and when the current config's value does
 what the checkpoint's run did without the key (an open-loop run without initial noise does not
-read its seed; a robot whose contact damping is given does not read the ratio): a checkpoint
+read its seed; a robot whose contact damping is given does not read the ratio; a torque-controlled
+robot does not read the drive's settings; cylinders left as cylinders): a checkpoint
 that lacks such a key resumes under that condition."""
 
 

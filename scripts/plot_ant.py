@@ -5,9 +5,14 @@ rolled out at the training's current weights: docs/tasks.md, "What a policy run 
 step 0 and about ten times over the run. This reads those with TensorBoard's own reader and
 draws them against the simulated steps of training (iteration x window x worlds), one line per
 run, with the held-out evaluation (``harness evaluate RUN env.seed=7``: its ``eval.json``) as a
-marker where the run folder has one. Writes ``<out>.png`` and ``<out>.json``::
+marker where the run folder has one. ``--reference`` adds a published SHAC Ant curve
+(``docs/data/shac_ant_georgiev2024.csv``, written by ``scripts/reference_shac_ant.py``): its
+mean over seeds and the band of one standard deviation, against the same simulated steps
+(epochs x 32 steps x ``--reference-worlds``) on the left and against iterations (SHAC epochs, 32
+steps each in both) on the right. Writes ``<out>.png`` and ``<out>.json``::
 
-    .venv/bin/python scripts/plot_ant.py outputs/ant/seed0 outputs/ant/seed1 --out docs/img/ant_shac
+    .venv/bin/python scripts/plot_ant.py outputs/ant/seed0 outputs/ant/seed1 --out docs/img/ant_shac \
+        --reference docs/data/shac_ant_georgiev2024.csv
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 
@@ -50,35 +56,69 @@ def curve(run: Path) -> dict:
     return found
 
 
+def reference(path: Path) -> dict:
+    """A summarised published curve: epoch, seeds, mean, std, min, max (``#`` lines are its source)."""
+    import csv
+
+    lines = path.read_text().splitlines()
+    source = " ".join(line.lstrip("# ") for line in lines if line.startswith("#"))
+    rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
+    return {
+        "source": source,
+        "epochs": [int(r["epoch"]) for r in rows],
+        "mean": [float(r["mean"]) for r in rows],
+        "std": [float(r["std"]) for r in rows],
+        "seeds": max(int(r["seeds"]) for r in rows),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path, nargs="+", help="task=shac run folders")
     parser.add_argument("--out", type=Path, required=True, help="<out>.png and <out>.json")
+    parser.add_argument("--reference", type=Path, help="a published curve (docs/data/shac_ant_georgiev2024.csv)")
+    parser.add_argument("--reference-worlds", type=int, default=128, help="its worlds per epoch (their config: 128)")
     args = parser.parse_args()
     curves = [curve(run) for run in args.runs]
-    args.out.with_suffix(".json").write_text(json.dumps(curves, indent=1) + "\n")
+    published = reference(args.reference) if args.reference else None
+    found = {"runs": curves, "reference": published}
+    args.out.with_suffix(".json").write_text(json.dumps(found, indent=1) + "\n")
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), constrained_layout=True)
-    for i, c in enumerate(curves):
-        colour = f"C{i}"
-        label = f"seed {c['seed']}: episodes from the env's starts"
-        if c["iterations"] and c["planned_iterations"] and c["iterations"][-1] < c["planned_iterations"]:
-            label += f" (stopped at iteration {c['iterations'][-1]} of {c['planned_iterations']})"
-        ax.plot(c["steps"], c["return"], "o-", color=colour, label=label)
-        if "held_out" in c and "episode_return" in c["held_out"]:
-            h = c["held_out"]
-            held = f"seed {c['seed']}: 64 held-out starts (env.seed=7), {h.get('forward_speed', float('nan')):.2f} m/s"
-            ax.plot([h["steps"]], [h["episode_return"]], "*", color=colour, markersize=14, label=held)
-    ax.set_xlabel("simulated steps (iterations x 32 steps x 64 worlds)")
-    ax.set_ylabel("episode return (1000 steps)")
-    ax.set_title("SHAC on the Ant (+env=ant task=shac), this CPU")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), constrained_layout=True, sharey=True)
+    for panel, ax in enumerate(axes):
+        x = "steps" if panel == 0 else "iterations"
+        if published is not None:
+            epochs = np.array(published["epochs"])
+            at = epochs * 32 * args.reference_worlds if panel == 0 else epochs
+            mean, std = np.array(published["mean"]), np.array(published["std"])
+            label = (f"SHAC, Georgiev et al. 2024 rerun: mean +- std of {published['seeds']} seeds, "
+                     f"{args.reference_worlds} worlds, training episodes")  # fmt: skip
+            ax.plot(at, mean, "-", color="0.35", label=label)
+            ax.fill_between(at, mean - std, mean + std, color="0.35", alpha=0.2, linewidth=0)
+        for i, c in enumerate(curves):
+            colour = f"C{i}"
+            label = f"seed {c['seed']}: episodes from the env's starts"
+            if c["iterations"] and c["planned_iterations"] and c["iterations"][-1] < c["planned_iterations"]:
+                label += f" (stopped at iteration {c['iterations'][-1]} of {c['planned_iterations']})"
+            ax.plot(c[x], c["return"], "o-", color=colour, label=label, markersize=4)
+            if "held_out" in c and "episode_return" in c["held_out"]:
+                h = c["held_out"]
+                where = h["steps"] if panel == 0 else h["iteration"]
+                speed = h.get("forward_speed", float("nan"))
+                held = f"seed {c['seed']}: 64 held-out starts (env.seed=7), {speed:.2f} m/s"
+                ax.plot([where], [h["episode_return"]], "*", color=colour, markersize=14, label=held)
+        ax.grid(alpha=0.3)
+    axes[0].set_xlabel("simulated steps (ours: iterations x 32 steps x 64 worlds)")
+    axes[1].set_xlabel("iterations (SHAC epochs of 32 steps)")
+    axes[0].set_ylabel("episode return (1000 steps)")
+    axes[0].set_title("SHAC on the Ant (+env=ant task=shac), this CPU: against simulated steps")
+    axes[1].set_title("against iterations")
+    axes[1].legend(fontsize=8, loc="lower right")
     fig.savefig(args.out.with_suffix(".png"), dpi=110)
     print(f"wrote {args.out.with_suffix('.png')} and {args.out.with_suffix('.json')}")
 

@@ -64,8 +64,11 @@ def test_a_file_given_alone_loads_with_the_files_own_actuators_and_torques():
         (["env.observation=[root_height,knees]"], "env.observation[1]: 'knees' is not a piece", "joint_qd"),
         (["+env.reward.speed=1"], "env.reward.speed: not a reward term", "forward_velocity"),
         (["env.start_joint_q=[0,1]"], "env.start_joint_q: needs 8 values", "got 2"),
+        (["env.control=position"], "env.target_ke: control=position needs a drive stiffness", "one value [N m/rad]"),
+        (["env.control=position", "env.target_ke=[1,2]"], "env.target_ke: needs 1 or 8 values", "got 2"),
+        (["env.control=speed"], "env.control: expected torque or position", "got 'speed'"),
     ],
-    ids=["missing", "unknown_kind", "joint", "body", "torque", "piece", "term", "start"],
+    ids=["missing", "unknown_kind", "joint", "body", "torque", "piece", "term", "start", "no_gain", "gains", "control"],
 )
 def test_bad_robot_files_and_names_are_refused_in_one_line_before_anything_is_written(tmp_path, args, field, accepted):
     proc = train(["+env=ant", *args, "iterations=1"], tmp_path)
@@ -141,14 +144,22 @@ def test_contact_phases_read_the_steps_an_action_acts_on():
     assert contact_phase(touching, 5, 2) == "lift-off"
 
 
-def test_a_captured_rollout_equals_the_eager_one_bit_for_bit():
-    env = ant("env.world_count=2", "env.horizon=3", *QUICK)
+def robot(preset: str, *overrides: str) -> RobotEnv:
+    """A preset (``ant``: torques; ``quadruped``: position drives) as the harness composes it."""
+    cfg, _ = config.compose_config("train", [f"+env={preset}", "device=cpu", *overrides])
+    return build.build_env(cfg, "cpu", None, None)
+
+
+@pytest.mark.parametrize("preset", ["ant", "quadruped"])
+def test_a_captured_rollout_equals_the_eager_one_bit_for_bit(preset):
+    env = robot(preset, "env.world_count=2", "env.horizon=3", *QUICK)
     check_capture(env, WeightedLoss(REWARD), OpenLoop(init_noise=0.5), device="cpu")
 
 
-def test_segments_give_the_full_tapes_gradients_bit_for_bit():
+@pytest.mark.parametrize("preset", ["ant", "quadruped"])
+def test_segments_give_the_full_tapes_gradients_bit_for_bit(preset):
     def gradients(segment_steps: int | None) -> dict:
-        cfg, _ = config.compose_config("train", ["+env=ant", "env.world_count=2", "env.horizon=5", *QUICK])
+        cfg, _ = config.compose_config("train", [f"+env={preset}", "env.world_count=2", "env.horizon=5", *QUICK])
         env = build.build_env(cfg, "cpu", segment_steps, None)
         loss = WeightedLoss(REWARD)
         task = OpenLoop(init_noise=0.5)
@@ -370,6 +381,71 @@ def test_the_quadruped_urdf_passes_its_gradcheck_and_trains_a_few_shac_iteration
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "finished" and np.isfinite(summary["final_loss"])
+
+
+def test_position_control_drives_to_start_pose_plus_scaled_action_and_holds_the_quadruped_up():
+    """control=position writes start + target_scale x clip(action) into the step's drive targets
+    (and nothing into joint_f); Featherstone's drive holds Newton's quadruped standing where, given
+    torques, it folds onto the ground (docs/robots.md, "The quadruped")."""
+    quiet = ("env.world_count=2", "env.horizon=60", "env.settle_time=0", "env.noise_position=0", "env.noise_rotation=0",
+             "env.noise_joint_q=0", "env.noise_joint_qd=0")  # fmt: skip
+    heights = {}
+    for control in ("position", "torque"):
+        env = robot("quadruped", *quiet, f"env.control={control}", "env.torque=[40]")
+        rng = np.random.default_rng(0)
+        actions = np.zeros((60, 2, 12), dtype=np.float32)
+        actions[0] = rng.uniform(-1.5, 1.5, (2, 12))  # the first step's: some beyond [-1, 1]
+        actions = wp.array(actions, dtype=wp.float32)
+        env.reset()
+        for t in range(60):
+            env.act(t, actions)
+            if t == 0 and control == "position":
+                layout, coords = env.layout, list(env.layout.target_coords)
+                target = env.joint_target_q.numpy()[0].reshape(2, layout.coord_count)[:, coords]
+                expected = env.base_q[coords] + 0.5 * np.clip(actions.numpy()[0], -1.0, 1.0)
+                np.testing.assert_allclose(target, expected, rtol=1e-6, atol=1e-6)
+                assert not env.joint_f.numpy().any()
+            env.step(t)
+        heights[control] = env.state(60).body_q.numpy().reshape(2, -1, 7)[:, layout.root_body, 2]
+    assert (heights["position"] > 0.4).all(), heights  # standing: the base at about 0.45 m
+    assert (heights["torque"] < 0.2).all(), heights  # folded: the base on the ground
+
+
+def test_flat_cylinder_ends_part_the_tape_from_differences_and_capsules_do_not():
+    """Why the quadruped rounds its cylinders (docs/robots.md): with the URDF's flat-ended legs the
+    tape and central differences disagree through touchdowns within 10 steps; the same legs
+    collided as capsules agree. Fails once Newton's cylinder contacts move smoothly."""
+    found = {}
+    for rounded in ("false", "true"):
+        env = robot("quadruped", "env.world_count=1", "env.horizon=10", "env.settle_time=0",
+                    "env.control=torque", "env.torque=[40]", f"env.round_cylinders={rounded}")  # fmt: skip
+        found[rounded], _ = check_gradients(
+            env, WeightedLoss(REWARD), samples=8, tolerance=env.config.gradcheck_tolerance(), seed=0, device="cpu",
+            task=OpenLoop(init_noise=0.5, seed=0),
+        )  # fmt: skip
+    assert "touchdown" in "+".join(found["true"].phases)
+    assert found["true"].passed, found["true"].table
+    assert not found["false"].passed, found["false"].table
+
+
+def test_a_checkpoint_from_before_the_drive_settings_resumes_where_they_change_nothing(tmp_path):
+    """Checkpoints written before env.control, env.target_* and env.round_cylinders existed resume
+    with their defaults (a torque-driven robot with cylinders as cylinders), and not otherwise."""
+    import types
+
+    for preset, refused in (("ant", None), ("quadruped", "env.control")):
+        cfg, _ = config.compose_config("train", [f"+env={preset}"])
+        saved = OmegaConf.to_container(cfg, resolve=True)
+        for key in ("control", "target_scale", "target_ke", "target_kd", "round_cylinders"):
+            saved["env"].pop(key)
+        if preset == "quadruped":
+            saved["env"]["torque"] = [40.0]  # what the preset was: torques, cylinders
+        checkpoint_meta = types.SimpleNamespace(meta={"config": yaml.safe_dump(saved)})
+        if refused is None:
+            config.check_saved_config(checkpoint_meta, cfg, tmp_path)
+        else:
+            with pytest.raises(config.ConfigError, match=refused):
+                config.check_saved_config(checkpoint_meta, cfg, tmp_path)
 
 
 MY_ANT = """\

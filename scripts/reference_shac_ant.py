@@ -1,0 +1,62 @@
+"""A published SHAC-on-the-Ant learning curve, summarised for ``scripts/plot_ant.py --reference``.
+
+The source is the wandb export behind AHAC's figures (Georgiev et al. 2024, "Adaptive Horizon
+Actor-Critic for Policy Learning in Contact-Rich Differentiable Simulation"): the repository
+github.com/imgeorgiev/DiffRL, file ``results/data/shac_ant_time.csv`` (added in commit
+9b09828, "add results and figures"). It holds 10 seeds of SHAC on DiffRL's Ant, each logging
+``rewards`` (the mean return of the last training episodes of its stochastic policy) against
+``_step`` (the epoch, 0..1999). This writes every ``--every``-th epoch's mean, standard
+deviation (n - 1), minimum and maximum over the seeds, and the number of seeds that logged it::
+
+    .venv/bin/python scripts/reference_shac_ant.py shac_ant_time.csv --out docs/data/shac_ant_georgiev2024.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from pathlib import Path
+
+
+def per_seed(path: Path) -> dict[str, dict[int, float]]:
+    """seed -> epoch -> reward, from the export's ``<seed> - _step`` and ``<seed> - rewards`` columns."""
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    seeds = sorted({name.split(" - ")[0] for name in rows[0] if name.endswith(" - rewards")})
+    found: dict[str, dict[int, float]] = {seed: {} for seed in seeds}
+    for row in rows:
+        for seed in seeds:
+            step, reward = row[f"{seed} - _step"], row[f"{seed} - rewards"]
+            if step and reward:
+                found[seed][int(float(step))] = float(reward)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("export", type=Path, help="results/data/shac_ant_time.csv of imgeorgiev/DiffRL")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--every", type=int, default=10, help="keep every n-th epoch (and the last)")
+    args = parser.parse_args()
+    seeds = per_seed(args.export)
+    last = max(max(epochs) for epochs in seeds.values())
+    with args.out.open("w", newline="") as f:
+        f.write(
+            "# SHAC on DiffRL's Ant as rerun by Georgiev et al. 2024 (AHAC): github.com/imgeorgiev/DiffRL "
+            "results/data/shac_ant_time.csv (commit 9b09828), summarised by scripts/reference_shac_ant.py\n"
+        )
+        out = csv.writer(f)
+        out.writerow(["epoch", "seeds", "mean", "std", "min", "max"])
+        for epoch in [*range(0, last, args.every), last]:
+            values = [epochs[epoch] for epochs in seeds.values() if epoch in epochs]
+            if not values:
+                continue
+            mean = sum(values) / len(values)
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))  # sample std
+            out.writerow([epoch, len(values), f"{mean:.1f}", f"{std:.1f}", f"{min(values):.1f}", f"{max(values):.1f}"])
+    print(f"wrote {args.out}: {len(seeds)} seeds, epochs 0..{last}")
+
+
+if __name__ == "__main__":
+    main()
