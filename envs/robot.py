@@ -411,36 +411,20 @@ def _mjcf_gears(builder: Any) -> dict[int, float]:
     return found
 
 
-def _targets(
-    builder: Any,
-    cfg: RobotConfig,
-    joints: list[int],
-    dofs: list[int],
-    q_start: list[int],
-    qd_start: list[int],
-    coord_count: int,
-    dof_count: int,
-) -> tuple[tuple[int, ...], dict[str, tuple[float, ...]]]:
-    """Each actuated dof's coordinate (its ``joint_target_q`` entry) and, for ``control: position``,
-    its drive's scale and gains: one value for all dofs or one each; null gains are the file's."""
-    coords = []
-    for j in joints:
-        q_end = q_start[j + 1] if j + 1 < len(q_start) else coord_count
-        qd_end = qd_start[j + 1] if j + 1 < len(qd_start) else dof_count
-        if q_end - q_start[j] == qd_end - qd_start[j]:  # hinges, slides and their D6 axes: a coordinate per dof
-            coords.extend(range(q_start[j], q_end))
-        else:
-            coords.extend([-1] * (qd_end - qd_start[j]))  # a ball joint: no coordinate per dof
-    found = {}
-    for name, own in (("target_scale", None), ("target_ke", "joint_target_ke"), ("target_kd", "joint_target_kd")):
+def _per_dof(name: str, given: tuple[float, ...], count: int) -> tuple[float, ...]:
+    """``env.<name>``: one value for every actuated dof, or one each."""
+    if len(given) not in (1, count):
+        raise RobotFileError(f"env.{name}: needs 1 or {count} values (one per actuated dof), got {len(given)}")
+    return tuple(float(v) for v in given) * (count if len(given) == 1 else 1)
+
+
+def _drive(builder: Any, cfg: RobotConfig, dofs: list[int], coords: list[int]) -> dict[str, tuple[float, ...]]:
+    """The drive's scale and gains per actuated dof (null gains: the file's); for ``control:
+    position``, refused in one line where a dof has no coordinate of its own or no stiffness."""
+    found = {"target_scale": _per_dof("target_scale", cfg.target_scale, len(dofs))}
+    for name, own in (("target_ke", builder.joint_target_ke), ("target_kd", builder.joint_target_kd)):
         given = getattr(cfg, name)
-        if given is None:
-            values = tuple(float(getattr(builder, own)[d]) for d in dofs)
-        elif len(given) in (1, len(dofs)):
-            values = tuple(float(v) for v in given) * (len(dofs) if len(given) == 1 else 1)
-        else:
-            raise RobotFileError(f"env.{name}: needs 1 or {len(dofs)} values (one per actuated dof), got {len(given)}")
-        found[name] = values
+        found[name] = tuple(float(own[d]) for d in dofs) if given is None else _per_dof(name, given, len(dofs))
     if cfg.control == "position":
         if -1 in coords:
             raise RobotFileError(
@@ -452,7 +436,7 @@ def _targets(
                 f"env.target_ke: control=position needs a drive stiffness and '{cfg.asset}' gives none; "
                 "accepted: one value [N m/rad] or one per actuated dof"
             )
-    return tuple(coords), found
+    return found
 
 
 def _limit(value: float) -> float:
@@ -523,11 +507,7 @@ def _layout(builder: Any, cfg: RobotConfig) -> RobotLayout:
     gears = _mjcf_gears(builder)
     effort = list(getattr(builder, "joint_effort_limit", []))
     if cfg.torque is not None:
-        if len(cfg.torque) not in (1, len(dofs)):
-            raise RobotFileError(
-                f"env.torque: needs 1 or {len(dofs)} values (one per actuated dof), got {len(cfg.torque)}"
-            )
-        torque = tuple(cfg.torque) * (len(dofs) if len(cfg.torque) == 1 else 1)
+        torque = _per_dof("torque", cfg.torque, len(dofs))
     else:
         torque = []
         for d in dofs:
@@ -538,7 +518,11 @@ def _layout(builder: Any, cfg: RobotConfig) -> RobotLayout:
             else:
                 torque.append(cfg.default_torque)
         torque = tuple(torque)
-    target_coords, target = _targets(builder, cfg, actuated_joints, dofs, q_start, qd_start, coord_count, dof_count)
+    target_coords = []  # each actuated dof's coordinate: hinges, slides, D6 axes have one; a ball joint's none (-1)
+    for j in actuated_joints:
+        own_coords, own_dofs = span(q_start, coord_count, j), span(qd_start, dof_count, j)
+        target_coords.extend(own_coords if len(own_coords) == len(own_dofs) else [-1] * len(own_dofs))
+    target = _drive(builder, cfg, dofs, target_coords)
     root_coords = set(span(q_start, coord_count, root_joint)) if root_joint is not None else set()
     root_dofs = set(span(qd_start, dof_count, root_joint)) if root_joint is not None else set()
     joint_coords = tuple(c for c in range(coord_count) if c not in root_coords)
@@ -553,7 +537,7 @@ def _layout(builder: Any, cfg: RobotConfig) -> RobotLayout:
         joint_names=joint_names, body_names=body_names, root_body=root_body, root_free=root_free,
         coord_count=coord_count, dof_count=dof_count, body_count=builder.body_count, shape_count=builder.shape_count,
         actuated_dofs=tuple(dofs), actuated_names=tuple(joint_names[j] for j in actuated_joints), torque=torque,
-        target_coords=target_coords, target_scale=target["target_scale"], target_ke=target["target_ke"],
+        target_coords=tuple(target_coords), target_scale=target["target_scale"], target_ke=target["target_ke"],
         target_kd=target["target_kd"], joint_coords=joint_coords, joint_dofs=joint_dofs, scalar_joints=scalar,
         lower=lower, upper=upper,
     )  # fmt: skip

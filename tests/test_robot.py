@@ -34,10 +34,15 @@ QUICK = ("env.settle_time=0", "env.substeps=4", "env.mass_matrix_every=4", "env.
 """A cheaper Ant for tests that check plumbing, not physics: 4 substeps (stable for a few steps)."""
 
 
+def robot(preset: str, *overrides: str) -> RobotEnv:
+    """A preset (``ant``: torques; ``quadruped``: position drives) as the harness composes it."""
+    cfg, _ = config.compose_config("train", [f"+env={preset}", "device=cpu", *overrides])
+    return build.build_env(cfg, "cpu", None, None)
+
+
 def ant(*overrides: str) -> RobotEnv:
     """The Ant preset as the harness composes it, with ``overrides``."""
-    cfg, _ = config.compose_config("train", ["+env=ant", "device=cpu", *overrides])
-    return build.build_env(cfg, "cpu", None, None)
+    return robot("ant", *overrides)
 
 
 def test_a_file_given_alone_loads_with_the_files_own_actuators_and_torques():
@@ -142,12 +147,6 @@ def test_contact_phases_read_the_steps_an_action_acts_on():
     assert contact_phase(touching, 3, 1) == "stance"
     assert contact_phase(touching, 4, 2) == "touchdown+lift-off"
     assert contact_phase(touching, 5, 2) == "lift-off"
-
-
-def robot(preset: str, *overrides: str) -> RobotEnv:
-    """A preset (``ant``: torques; ``quadruped``: position drives) as the harness composes it."""
-    cfg, _ = config.compose_config("train", [f"+env={preset}", "device=cpu", *overrides])
-    return build.build_env(cfg, "cpu", None, None)
 
 
 @pytest.mark.parametrize("preset", ["ant", "quadruped"])
