@@ -17,16 +17,21 @@ the moment Warp is imported, by whichever module, before Warp initialises and be
 kernel module exists (at once when Warp was imported before the package). The log level is
 ``warning`` by default (no start-up banner), or the one named by ``HARNESS_WARP_LOG_LEVEL``
 (``debug``, ``info``, ``warning``, ``error``); ``info`` shows every kernel module load and
-whether it was compiled or taken from the kernel cache.
+whether it was compiled or taken from the kernel cache. The same import hook holds SIGINT and
+SIGTERM while Newton or Pixar's USD (``pxr``) loads (:func:`_holds_signals` says why).
 
 ``HARNESS_DETERMINISTIC`` (``run_to_run`` or ``gpu_to_gpu``) sets
 ``warp.config.deterministic`` before any kernel module exists, asking Warp for bit-exact
 float atomics on CUDA (see docs/checkpoints.md); CPU runs are deterministic without it.
 """
 
+import contextlib
 import importlib.abc
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 _LEVELS = ("debug", "info", "warning", "error")
@@ -50,30 +55,68 @@ def _configure_warp(wp: Any) -> None:
     warp_fixes.install()
 
 
-class _ConfigureAfter(importlib.abc.Loader):
-    """Warp's own loader, followed by :func:`_configure_warp` once the package has run."""
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held until the block ends, then delivered to the handler in place
+    (once, the first that arrived). Outside the main thread (no handlers there) a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
+        if held:
+            signal.raise_signal(held[0])  # the restored handler runs: the signal is not lost
 
-    def __init__(self, loader: Any) -> None:
+
+def _holds_signals(name: str) -> bool:
+    """Newton, and Pixar's USD (``pxr``, which Newton imports as it loads): a signal landing
+    inside one of USD's native module initialisations is caught there, printed as a warning
+    and dropped, leaving USD's type converters half-registered, so the import fails later with
+    an unrelated ``TypeError`` (exit 1, not the signal's code). Held, a signal waits at most
+    for the import (about 2 s on a 2-core CPU) and then stops the command as anywhere else."""
+    return name == "newton" or name == "pxr" or name.startswith("pxr.")
+
+
+class _HookedLoader(importlib.abc.Loader):
+    """A module's own loader, with signals held while it loads (:func:`_holds_signals`), and
+    followed by :func:`_configure_warp` once Warp's package has run."""
+
+    def __init__(self, loader: Any, name: str) -> None:
         self._loader = loader
+        self._name = name
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_resource_reader, ...: the wrapped loader's
         return getattr(self._loader, name)
 
+    def _hold(self) -> Any:
+        return _signals_held() if _holds_signals(self._name) else contextlib.nullcontext()
+
     def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
+        with self._hold():  # an extension module initialises here
+            return self._loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        _configure_warp(module)
-        sys.meta_path[:] = [finder for finder in sys.meta_path if not _is_hook(finder)]
+        with self._hold():
+            self._loader.exec_module(module)
+        if self._name == "warp":
+            _configure_warp(module)
+        if "warp" in sys.modules and "newton" in sys.modules:  # nothing left to hook
+            sys.meta_path[:] = [finder for finder in sys.meta_path if not _is_hook(finder)]
 
 
-class _WarpImportHook(importlib.abc.MetaPathFinder):
-    """Finds ``warp`` as the other finders do and wraps its loader in :class:`_ConfigureAfter`,
-    which takes the hook off ``sys.meta_path`` once Warp is imported."""
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """Finds ``warp``, ``newton`` and ``pxr``'s modules as the other finders do and wraps their
+    loaders in :class:`_HookedLoader`; off ``sys.meta_path`` once Warp and Newton are imported."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "warp":
+        if name != "warp" and not _holds_signals(name):
             return None
         for finder in sys.meta_path:
             if _is_hook(finder):
@@ -81,19 +124,19 @@ class _WarpImportHook(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _ConfigureAfter(spec.loader)
+                    spec.loader = _HookedLoader(spec.loader, name)
                 return spec
         return None
 
 
 def _is_hook(finder: Any) -> bool:
-    return type(finder).__name__ == "_WarpImportHook"  # also one of an earlier import of this module
+    return type(finder).__name__ == "_ImportHook"  # also one of an earlier import of this module
 
 
 if "warp" in sys.modules:
     _configure_warp(sys.modules["warp"])
-elif not any(_is_hook(finder) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _WarpImportHook())
+if not ("warp" in sys.modules and "newton" in sys.modules) and not any(_is_hook(f) for f in sys.meta_path):
+    sys.meta_path.insert(0, _ImportHook())
 
 
 def environment_error() -> str | None:

@@ -118,22 +118,29 @@ class Cluster:
         self.worker.wait(timeout=30)
 
     def processes(self) -> list[int]:
-        """Every process in the cluster's network namespace: the nodes, their workers, drivers."""
+        """Every living process in the cluster's network namespace: the nodes, their workers,
+        drivers (not a zombie, which is dead and waits only to be reaped)."""
         found = []
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 with contextlib.suppress(OSError):
                     if os.readlink(entry / "ns" / "net") == self.namespace:
-                        found.append(int(entry.name))
+                        state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                        if state != "Z":
+                            found.append(int(entry.name))
         return found
 
     def stop(self) -> None:
         with contextlib.suppress(OSError):  # Ray's own logs stay with the test's other files
             logs = self.temp / "session_latest" / "logs"
             shutil.copytree(logs, self.root / "ray-logs", ignore_dangling_symlinks=True)
-        for pid in self.processes():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        # Again until none is left: a raylet may start a worker between a listing and its kill.
+        deadline = time.monotonic() + 30
+        while (alive := self.processes()) and time.monotonic() < deadline:
+            for pid in alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
         for process in (self.worker, self.head, self.holder):
             if process is not None:
                 with contextlib.suppress(ProcessLookupError):

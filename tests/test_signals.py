@@ -141,6 +141,20 @@ def test_sigterm_while_the_env_is_built_is_one_line_and_exit_143(tmp_path):
     assert "SIGTERM" in one_line(err)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_newton_imports_usd_is_one_line_and_its_own_code(sig, tmp_path):
+    """Newton imports Pixar's USD as it loads; USD drops a signal landing in one of its native
+    module initialisations and then fails on a half-registered type (exit 1). The harness holds
+    the signal until the import is done."""
+    run = Harness("gradcheck", *TINY, "env.horizon=2000", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    run.wait_for_library("pxr/Vt/_vt")  # USD's value types: loading, or just loaded
+    run.signal(sig)
+    code, err = run.finish()
+    assert code == 128 + sig, err
+    line = one_line(err)
+    assert signal.Signals(sig).name in line and "gradcheck" in line, line
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """A tiny trained run folder (for evaluate and render) and a sweep of two (for report)."""
