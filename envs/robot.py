@@ -269,6 +269,12 @@ class RobotConfig(NewtonEnvConfig):
         # 3e-3; at 1e-3 float32 differences of its 30-step check part by 20%) (docs/robots.md)
         return 3.0e-3 if self.control == "position" else 1.0e-3
 
+    def weight_fd_step(self) -> float:
+        # a weight moves every step's action at once: at 1e-2, the Ant's output layer opens and closes
+        # contacts inside an 8-step difference (one of 80 entries 99% off, diagnose's fd_err 9.6%); at
+        # 1e-3 the 80 agree within 0.2% and fd_err is 0.8% (docs/robots.md)
+        return 1.0e-3
+
     def gradcheck_tolerance(self) -> float:
         # float32 central differences at that step resolve a 0.5 s rollout's gradient through contact
         # to a few percent (docs/robots.md, "Gradients through contact")
@@ -337,6 +343,9 @@ def load_robot(cfg: RobotConfig) -> Any:
     """
     import newton
 
+    from harness import init_warp
+
+    init_warp(check_environment=False)  # the builder's first Warp call would, with the CUDA driver warning
     path = asset_path(cfg.asset)
     kind = ASSET_KINDS.get(os.path.splitext(path)[1].lower())
     if kind is None:

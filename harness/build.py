@@ -276,6 +276,14 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     PRECHECKED.clear()
     PRECHECKED.update(resume=cfg.get("resume"), overwrite=bool(cfg.get("overwrite", False)))
     run = validate(cfg, choices)
+    if config_name == "gradcheck":
+        groups = run.task.group_shapes(check_env_fields(cfg)[1])
+        if len(groups) > 1:
+            raise ConfigError(
+                f"task: gradcheck checks a task that trains one parameter group; '{run.task.name}' trains "
+                f"{len(groups)} ({', '.join(groups)}); accepted: a one-group task (task=policy checks a "
+                "policy's gradient through the same env)"
+            )
     given = {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
     field = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     default_root = "multirun" if multirun else "outputs"

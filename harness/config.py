@@ -459,16 +459,22 @@ def apply_task_env_defaults(cfg: DictConfig, choices: Mapping[str, Any], overrid
         if isinstance(section, DictConfig) and "per_env" in section:
             with open_dict(cfg):
                 block = section.pop("per_env")
-            apply_per_env(cfg, block, choices, overrides)
+            apply_per_env(cfg, block, choices, overrides, only_held=name == "gradcheck")
 
+
+_ABSENT = object()
 
 PER_ENV_SECTIONS = ("task", "gradcheck")
 """Config sections that may hold a ``per_env`` block (:func:`apply_task_env_defaults`)."""
 
 
-def apply_per_env(cfg: DictConfig, block: Any, choices: Mapping[str, Any], overrides: list[str]) -> None:
+def apply_per_env(
+    cfg: DictConfig, block: Any, choices: Mapping[str, Any], overrides: list[str], *, only_held: bool = False
+) -> None:
     """Set the values ``block[<env option>]`` holds for the chosen env (``{<dotted key>: value}``)
-    in ``cfg``, under the command line's overrides (a task's ``per_env``, gradcheck's)."""
+    in ``cfg``, under the command line's overrides (a task's ``per_env``, gradcheck's).
+    ``only_held``: set only keys the composed config holds (gradcheck's block serves every
+    task: ``task.init_noise`` is the open-loop task's, and a task without it is checked without)."""
     values = (block or {}).get(str(choices.get("env")))
     if not values:
         return
@@ -478,6 +484,8 @@ def apply_per_env(cfg: DictConfig, block: Any, choices: Mapping[str, Any], overr
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides} - {"env", "task"}
     for key, value in values.items():
         if any(key == g or key.startswith(g + ".") for g in given):
+            continue
+        if only_held and OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
             continue
         with open_dict(cfg):
             OmegaConf.update(cfg, key, value, merge=False)

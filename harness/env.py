@@ -188,6 +188,12 @@ class EnvConfig:
         """A central finite-difference step for an action entry, in the action's units."""
         return 1.0
 
+    def weight_fd_step(self) -> float:
+        """A central finite-difference step for a weight of a policy's network (``task=policy``,
+        the actor of ``task=shac``): what ``harness gradcheck`` moves one weight by, and the
+        scale of ``harness diagnose``'s central and zeroth-order differences."""
+        return 1.0e-2
+
     def gradcheck_tolerance(self) -> float:
         """The largest relative error ``python -m harness gradcheck`` accepts for this env
         unless ``gradcheck.tolerance`` is given: 1e-2, or more for an env whose loss is too

@@ -208,7 +208,9 @@ class Policy(Task):
 
     def parameter_specs(self, env: Env) -> list[ParamSpec]:
         # PyTorch's nn.Linear default: weights and biases uniform in +-1/sqrt(fan_in).
-        return self.mlp(env.config).specs(seed=self.seed, init_scale=self.init_scale)
+        return self.mlp(env.config).specs(
+            seed=self.seed, init_scale=self.init_scale, fd_step=env.config.weight_fd_step()
+        )
 
     # -- training mode -------------------------------------------------------------------
 

@@ -232,7 +232,9 @@ class SHAC(Task):
         actor, _ = self._nets(env.config)
         log_std = np.full(env.config.action_dim(), self.actor_args.log_std_init, np.float32)
         return [
-            *actor.specs(seed=self.args.seed, init_scale=self.actor_args.init_scale),
+            *actor.specs(
+                seed=self.args.seed, init_scale=self.actor_args.init_scale, fd_step=env.config.weight_fd_step()
+            ),
             ParamSpec("log_std", log_std.shape, init=log_std, fd_step=1.0e-2),
         ]
 
