@@ -270,9 +270,10 @@ class RobotConfig(NewtonEnvConfig):
         return 3.0e-3 if self.control == "position" else 1.0e-3
 
     def weight_fd_step(self) -> float:
-        # a weight moves every step's action at once: at 1e-2, the Ant's output layer opens and closes
-        # contacts inside an 8-step difference (one of 80 entries 99% off, diagnose's fd_err 9.6%); at
-        # 1e-3 the 80 agree within 0.2% and fd_err is 0.8% (docs/robots.md)
+        # a weight moves every step's action at once: at 1e-2 the Ant's output layer opens and closes
+        # contacts inside an 8-step difference (seed-0 actor: one of 80 entries 99% off; at 1e-3 all 80
+        # within 0.2%). Two of three actors pass at 1e-3, none at 1e-2; one is rough at any step float32
+        # resolves (docs/robots.md, "The step of a weight's differences")
         return 1.0e-3
 
     def gradcheck_tolerance(self) -> float:
