@@ -1159,11 +1159,16 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         self._limit_coords = ints([c for c, _, _ in limited])
         self._lower = floats([max(lo, -1.0e30) for _, lo, _ in limited])
         self._upper = floats([min(hi, 1.0e30) for _, _, hi in limited])
-        self._dofs, self._torque = ints(layout.actuated_dofs), floats(layout.torque)
-        self._no_torque = floats(np.zeros(layout.dof_count))
-        self._target_coords, self._target_scale = ints(layout.target_coords), floats(layout.target_scale)
         self._noisy = ints([c for c, _ in layout.scalar_joints])
         self._base_q = floats(self.base_q)
+        # what act writes (_apply_actions' index, rest, scale, stride, per-step output): the drive's
+        # targets, start pose + target_scale x action, or the torques, 0 + torque x action
+        if self.joint_target_q is not None:
+            self._action_out = (ints(layout.target_coords), self._base_q, floats(layout.target_scale),
+                                layout.coord_count, self.joint_target_q)  # fmt: skip
+        else:
+            self._action_out = (ints(layout.actuated_dofs), floats(np.zeros(layout.dof_count)), floats(layout.torque),
+                                layout.dof_count, self.joint_f)  # fmt: skip
         self._up = wp.vec3(*np.eye(3)["xyz".index(cfg.up_axis)])
         self._forward = wp.vec3(*cfg.forward)
         self._ended = wp.zeros(self.world_count, dtype=wp.int32, device=device)
@@ -1220,14 +1225,9 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         newton.eval_fk(self.model, state.joint_q, state.joint_qd, state)
 
     def act(self, t: int, actions: wp.array) -> None:
-        layout = self.layout
-        if self.joint_target_q is not None:  # control=position: the drive's targets
-            where = (self._target_coords, self._base_q, self._target_scale, layout.coord_count, self.joint_target_q)
-        else:
-            where = (self._dofs, self._no_torque, self._torque, layout.dof_count, self.joint_f)
-        index, rest, scale, stride, out = where
+        index, rest, scale, stride, out = self._action_out
         wp.launch(
-            _apply_actions, dim=(self.world_count, len(layout.actuated_dofs)),
+            _apply_actions, dim=(self.world_count, index.shape[0]),
             inputs=[actions, self.segment_base, self.slot(t), index, rest, scale, stride],
             outputs=[out[self.store(t)], self.state(t + 1).prev_action], device=self.device,
         )  # fmt: skip

@@ -89,7 +89,7 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), constrained_layout=True, sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 6), layout="constrained", sharey=True)
     for panel, ax in enumerate(axes):
         x = "steps" if panel == 0 else "iterations"
         if published is not None:
@@ -118,7 +118,8 @@ def main() -> None:
     axes[0].set_ylabel("episode return (1000 steps)")
     axes[0].set_title("SHAC on the Ant (+env=ant task=shac), this CPU: against simulated steps")
     axes[1].set_title("against iterations")
-    axes[1].legend(fontsize=8, loc="lower right")
+    handles, labels = axes[1].get_legend_handles_labels()  # below the panels: inside, it hid a curve
+    fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=2)
     fig.savefig(args.out.with_suffix(".png"), dpi=110)
     print(f"wrote {args.out.with_suffix('.png')} and {args.out.with_suffix('.json')}")
 

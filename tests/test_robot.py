@@ -25,6 +25,7 @@ from harness.memory import segmented_forward_backward
 from harness.tasks import OpenLoop, prepare
 from harness.tasks import shac_kernels as k
 from harness.training.step import check_capture, taped_rollout, zero_grads
+from tests.helpers import run_harness
 from tests.test_checkpoint import final_checkpoint, newest_iteration, start, train, wait_for
 from tests.test_errors import assert_clean_rejection
 
@@ -371,8 +372,6 @@ def test_gradcheck_of_a_policy_on_the_ant_takes_the_robots_weight_step(tmp_path)
     every actor passes at 1e-3 (docs/robots.md). Also: gradcheck's per-env rollout settings a task
     does not have (task.init_noise) are left out, and the CUDA driver warning is kept off (the
     robot file is read before the env is built)."""
-    from tests.helpers import run_harness
-
     proc = run_harness("gradcheck", "+env=ant", "task=policy", "env.horizon=8", "gradcheck.samples=80",
                        "hydra.run.dir=gc", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -381,8 +380,6 @@ def test_gradcheck_of_a_policy_on_the_ant_takes_the_robots_weight_step(tmp_path)
 
 
 def test_gradcheck_of_a_task_with_two_parameter_groups_is_refused_in_one_line(tmp_path):
-    from tests.helpers import run_harness
-
     proc = run_harness("gradcheck", "+env=ant", "task=shac", "env.horizon=8", cwd=tmp_path)
     assert_clean_rejection(proc, "task: gradcheck checks a task that trains one parameter group", "task=policy",
                            tmp_path)  # fmt: skip
@@ -392,8 +389,6 @@ def test_gradcheck_of_a_task_with_two_parameter_groups_is_refused_in_one_line(tm
 def test_the_quadruped_urdf_passes_its_gradcheck_and_trains_a_few_shac_iterations(tmp_path):
     """Newton's bundled quadruped.urdf (the URDF importer) as +env=quadruped: gradcheck's own
     rollout for it (configs/gradcheck.yaml) passes from the command line, and SHAC trains."""
-    from tests.helpers import run_harness
-
     check = run_harness("gradcheck", "+env=quadruped", "gradcheck.samples=8", "hydra.run.dir=gc", cwd=tmp_path)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "contact phase" in check.stdout and ": ok" in check.stdout
@@ -492,8 +487,6 @@ horizon: 12
 def test_a_robot_yaml_in_the_users_own_folder_trains_with_no_python(tmp_path):
     """docs/envs.md's promise: a YAML of one's own (here four of the Ant's eight joints, its own
     torques, observation pieces and reward terms) in a folder outside the repository trains."""
-    from tests.helpers import run_harness
-
     (tmp_path / "my_configs" / "env").mkdir(parents=True)
     (tmp_path / "my_configs" / "env" / "my_ant.yaml").write_text(MY_ANT)
     args = ["train", "+env=my_ant", "task=shac", "task.window=3", "task.critic_minibatches=2", "task.critic_epochs=2",
@@ -511,7 +504,5 @@ def test_a_robot_yaml_in_the_users_own_folder_trains_with_no_python(tmp_path):
 
 def test_an_ant_too_big_for_the_machine_is_refused_before_anything_is_written(tmp_path):
     """docs/reliability.md's size promise for the robots: the memory estimate refuses, one line."""
-    from tests.helpers import run_harness
-
     proc = run_harness("train", "+env=ant", "task=shac", "env.world_count=100000", cwd=tmp_path)
     assert_clean_rejection(proc, "env.world_count=100000", "accepted: fewer worlds", tmp_path)
