@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: train test test-slow gradcheck sweep lint tensorboard clean
+.PHONY: train test test-slow test-slurm gradcheck sweep lint tensorboard clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(TEST_STAMP)        ## the default (fast) test suite, on two workers
 
 test-slow: $(TEST_STAMP)   ## the slow tests only (full default training run, long horizons)
 	$(PY) -m pytest -n 2 -m slow $(ARGS)
+
+test-slurm: $(TEST_STAMP)  ## sweeps on a private one-node SLURM cluster the test starts (as root; apt-get installs slurm-wlm and munge when missing)
+	command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+		{ apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm munge; }
+	$(PY) -m pytest -n 0 -m slow tests/test_slurm.py $(ARGS)
 
 gradcheck: $(STAMP)
 	$(PY) -m harness gradcheck +env=cartpole env.horizon=120

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import warp as wp
 
-from harness.env import EnvConfig, Quantity, Segmentable, Trajectory
-from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
+from envs._deformable import ComToTarget
+from harness.env import EnvConfig, Quantity, Segmentable
+from harness.newton_env import NewtonEnvConfig, finalize_worlds, world_targets
 from harness.schema import field
 
 if TYPE_CHECKING:  # newton is imported where a simulation is built: the config's checks do without it
@@ -60,7 +61,7 @@ class ClothConfig(NewtonEnvConfig):
         return ["initial_velocity"] if kind == "initial" else []
 
 
-class ClothEnv(NewtonEnv, Segmentable):
+class ClothEnv(ComToTarget, Segmentable):
     """The diffsim cloth; see :class:`ClothConfig` for the fields."""
 
     name = "cloth"
@@ -103,15 +104,3 @@ class ClothEnv(NewtonEnv, Segmentable):
         solver = newton.solvers.SolverSemiImplicit(self.model)
         solver.enable_tri_contact = False
         return solver
-
-    def write_observables(self, t: int) -> None:
-        self.write_offset(
-            "com_to_target",
-            t,
-            self.targets,
-            per_world=self.config.particles_per_world,
-            count=self.config.particles_per_world,
-        )
-
-    def describe(self, trajectory: Trajectory) -> dict[str, Any]:
-        return {"final_com_distance_to_target_m": final_distances(trajectory, "com_to_target")}

@@ -701,79 +701,88 @@ def _record(
     terminated[row, w, 0] = ended
 
 
-@wp.kernel
-def _terminated(
-    body_q: wp.array(dtype=wp.transform),
-    root: int,
-    body_count: int,
-    up: wp.vec3,
-    termination_height: float,
-    termination_up: float,
-    out: wp.array(dtype=wp.int32),
-):
-    w = wp.tid()
-    X = body_q[w * body_count + root]
-    height = wp.dot(wp.transform_get_translation(X), up)
-    ended = wp.int32(0)
-    if height < termination_height or _axis_of(wp.transform_get_rotation(X), up, up) < termination_up:
-        ended = 1
-    if not wp.isfinite(height):
-        ended = 1
-    out[w] = ended
+@wp.struct
+class _Termination:
+    """What ends a world's episode (:meth:`RobotEnv._termination`): its root body (``root``, of
+    ``body_count`` per world) below ``height`` along ``up``, its up axis below ``up_min`` along
+    ``up``, or a height that is not finite."""
+
+    root: int
+    body_count: int
+    up: wp.vec3
+    height: float
+    up_min: float
 
 
 @wp.func
-def _penetration(
-    body_q: wp.array(dtype=wp.transform),
-    shape_body: wp.array(dtype=wp.int32),
-    i: int,
-    shape0: wp.array(dtype=wp.int32),
-    shape1: wp.array(dtype=wp.int32),
-    point0: wp.array(dtype=wp.vec3),
-    point1: wp.array(dtype=wp.vec3),
-    normal: wp.array(dtype=wp.vec3),
-    margin0: wp.array(dtype=wp.float32),
-    margin1: wp.array(dtype=wp.float32),
-) -> float:
-    """How deep contact ``i`` is at ``body_q`` [m] (0 when apart): minus the distance newton's contact
-    force reads (semi_implicit.kernels_contact: the contact's frozen points and normal)."""
-    n = -normal[i]
-    pa = point0[i]
-    pb = point1[i]
-    if shape0[i] >= 0:
-        body = shape_body[shape0[i]]
-        if body >= 0:
-            pa = wp.transform_point(body_q[body], pa)
-    if shape1[i] >= 0:
-        body = shape_body[shape1[i]]
-        if body >= 0:
-            pb = wp.transform_point(body_q[body], pb)
-    return wp.max(-wp.dot(n, (pa - margin0[i] * n) - (pb + margin1[i] * n)), 0.0)
+def _ends(body_q: wp.array(dtype=wp.transform), w: int, rule: _Termination) -> bool:
+    """Whether world ``w``'s state ``body_q`` ends its episode."""
+    X = body_q[w * rule.body_count + rule.root]
+    height = wp.dot(wp.transform_get_translation(X), rule.up)
+    low = height < rule.height or _axis_of(wp.transform_get_rotation(X), rule.up, rule.up) < rule.up_min
+    return low or not wp.isfinite(height)
 
 
 @wp.kernel
-def _mark_contacts(
-    body_q: wp.array(dtype=wp.transform),
-    shape_body: wp.array(dtype=wp.int32),
-    count: wp.array(dtype=wp.int32),
-    shape0: wp.array(dtype=wp.int32),
-    shape1: wp.array(dtype=wp.int32),
-    point0: wp.array(dtype=wp.vec3),
-    point1: wp.array(dtype=wp.vec3),
-    normal: wp.array(dtype=wp.vec3),
-    margin0: wp.array(dtype=wp.float32),
-    margin1: wp.array(dtype=wp.float32),
-    touching: wp.array(dtype=wp.int32),
-):
+def _terminated(body_q: wp.array(dtype=wp.transform), rule: _Termination, out: wp.array(dtype=wp.int32)):
+    w = wp.tid()
+    out[w] = wp.where(_ends(body_q, w, rule), 1, 0)
+
+
+@wp.struct
+class _ContactSet:
+    """The rigid contacts the contact kernels read: a ``newton.Contacts``' arrays (``count`` is
+    ``rigid_contact_count``, ``shape0`` ``rigid_contact_shape0``, ...) and the model's ``shape_body``
+    (:func:`_contact_set`)."""
+
+    shape_body: wp.array(dtype=wp.int32)
+    count: wp.array(dtype=wp.int32)
+    shape0: wp.array(dtype=wp.int32)
+    shape1: wp.array(dtype=wp.int32)
+    point0: wp.array(dtype=wp.vec3)
+    point1: wp.array(dtype=wp.vec3)
+    normal: wp.array(dtype=wp.vec3)
+    margin0: wp.array(dtype=wp.float32)
+    margin1: wp.array(dtype=wp.float32)
+
+
+def _contact_set(model: newton.Model, contacts: newton.Contacts) -> _ContactSet:
+    found = _ContactSet()
+    found.shape_body = model.shape_body
+    for name in ("count", "shape0", "shape1", "point0", "point1", "normal", "margin0", "margin1"):
+        setattr(found, name, getattr(contacts, f"rigid_contact_{name}"))
+    return found
+
+
+@wp.func
+def _penetration(body_q: wp.array(dtype=wp.transform), c: _ContactSet, i: int) -> float:
+    """How deep contact ``i`` is at ``body_q`` [m] (0 when apart): minus the distance newton's contact
+    force reads (semi_implicit.kernels_contact: the contact's frozen points and normal)."""
+    n = -c.normal[i]
+    pa = c.point0[i]
+    pb = c.point1[i]
+    if c.shape0[i] >= 0:
+        body = c.shape_body[c.shape0[i]]
+        if body >= 0:
+            pa = wp.transform_point(body_q[body], pa)
+    if c.shape1[i] >= 0:
+        body = c.shape_body[c.shape1[i]]
+        if body >= 0:
+            pb = wp.transform_point(body_q[body], pb)
+    return wp.max(-wp.dot(n, (pa - c.margin0[i] * n) - (pb + c.margin1[i] * n)), 0.0)
+
+
+@wp.kernel
+def _mark_contacts(body_q: wp.array(dtype=wp.transform), c: _ContactSet, touching: wp.array(dtype=wp.int32)):
     # 1 for every body with a contact of positive depth at body_q (_penetration)
     i = wp.tid()
-    if i >= count[0]:
+    if i >= c.count[0]:
         return
-    if _penetration(body_q, shape_body, i, shape0, shape1, point0, point1, normal, margin0, margin1) > 0.0:
-        if shape0[i] >= 0 and shape_body[shape0[i]] >= 0:
-            touching[shape_body[shape0[i]]] = 1
-        if shape1[i] >= 0 and shape_body[shape1[i]] >= 0:
-            touching[shape_body[shape1[i]]] = 1
+    if _penetration(body_q, c, i) > 0.0:
+        if c.shape0[i] >= 0 and c.shape_body[c.shape0[i]] >= 0:
+            touching[c.shape_body[c.shape0[i]]] = 1
+        if c.shape1[i] >= 0 and c.shape_body[c.shape1[i]] >= 0:
+            touching[c.shape_body[c.shape1[i]]] = 1
 
 
 @wp.kernel
@@ -781,15 +790,7 @@ def _hunt_crossley(
     body_q: wp.array(dtype=wp.transform),
     body_qd: wp.array(dtype=wp.spatial_vector),
     body_com: wp.array(dtype=wp.vec3),
-    shape_body: wp.array(dtype=wp.int32),
-    count: wp.array(dtype=wp.int32),
-    shape0: wp.array(dtype=wp.int32),
-    shape1: wp.array(dtype=wp.int32),
-    point0: wp.array(dtype=wp.vec3),
-    point1: wp.array(dtype=wp.vec3),
-    normal: wp.array(dtype=wp.vec3),
-    margin0: wp.array(dtype=wp.float32),
-    margin1: wp.array(dtype=wp.float32),
+    c: _ContactSet,
     kd_depth: float,
     body_f: wp.array(dtype=wp.spatial_vector),
 ):
@@ -799,28 +800,28 @@ def _hunt_crossley(
     # wrenches about their centres of mass, in newton's public convention (its contact kernel's
     # frame and signs), so SolverFeatherstone adds it to the contact force it computes.
     i = wp.tid()
-    if i >= count[0]:
+    if i >= c.count[0]:
         return
-    n = -normal[i]
+    n = -c.normal[i]
     body_a, body_b = wp.int32(-1), wp.int32(-1)
-    if shape0[i] >= 0:
-        body_a = shape_body[shape0[i]]
-    if shape1[i] >= 0:
-        body_b = shape_body[shape1[i]]
-    pa = point0[i]
-    pb = point1[i]
+    if c.shape0[i] >= 0:
+        body_a = c.shape_body[c.shape0[i]]
+    if c.shape1[i] >= 0:
+        body_b = c.shape_body[c.shape1[i]]
+    pa = c.point0[i]
+    pb = c.point1[i]
     va = wp.vec3(0.0)
     vb = wp.vec3(0.0)
     ra = wp.vec3(0.0)
     rb = wp.vec3(0.0)
     if body_a >= 0:
         X = body_q[body_a]
-        pa = wp.transform_point(X, pa) - margin0[i] * n
+        pa = wp.transform_point(X, pa) - c.margin0[i] * n
         ra = pa - wp.transform_point(X, body_com[body_a])
         va = wp.spatial_top(body_qd[body_a]) + wp.cross(wp.spatial_bottom(body_qd[body_a]), ra)
     if body_b >= 0:
         X = body_q[body_b]
-        pb = wp.transform_point(X, pb) + margin1[i] * n
+        pb = wp.transform_point(X, pb) + c.margin1[i] * n
         rb = pb - wp.transform_point(X, body_com[body_b])
         vb = wp.spatial_top(body_qd[body_b]) + wp.cross(wp.spatial_bottom(body_qd[body_b]), rb)
     depth = -wp.dot(n, pa - pb)
@@ -836,20 +837,13 @@ def _hunt_crossley(
 @wp.kernel
 def _survive(
     body_q: wp.array(dtype=wp.transform),
-    root: int,
-    body_count: int,
-    up: wp.vec3,
-    termination_height: float,
-    termination_up: float,
+    rule: _Termination,
     before: wp.array(dtype=wp.float32),
     after: wp.array(dtype=wp.float32),
 ):
     # alive after the step: alive before it, and the step's result does not end the episode
     w = wp.tid()
-    X = body_q[w * body_count + root]
-    height = wp.dot(wp.transform_get_translation(X), up)
-    ended = height < termination_height or _axis_of(wp.transform_get_rotation(X), up, up) < termination_up
-    after[w] = wp.where(ended or not wp.isfinite(height), 0.0, before[w])
+    after[w] = wp.where(_ends(body_q, w, rule), 0.0, before[w])
 
 
 @wp.kernel
@@ -1247,20 +1241,14 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
                 self._damp(source, contacts)
             self.solver.step(source, target, self.controls[slot], contacts, self.substep_dt)
             source = target
-        cfg, layout = self.config, self.layout
         wp.launch(
-            _survive, dim=self.world_count,
-            inputs=[last.body_q, layout.root_body, layout.body_count, self._up, _threshold(cfg.termination_height),
-                    _threshold(cfg.termination_up), self.current(t).alive],
+            _survive, dim=self.world_count, inputs=[last.body_q, self._termination(), self.current(t).alive],
             outputs=[last.alive], device=self.device,
         )  # fmt: skip
         touching = self._touching[slot]
         touching.zero_()
         wp.launch(
-            _mark_contacts, dim=contacts.rigid_contact_max,
-            inputs=[last.body_q, self.model.shape_body, contacts.rigid_contact_count, contacts.rigid_contact_shape0,
-                    contacts.rigid_contact_shape1, contacts.rigid_contact_point0, contacts.rigid_contact_point1,
-                    contacts.rigid_contact_normal, contacts.rigid_contact_margin0, contacts.rigid_contact_margin1],
+            _mark_contacts, dim=contacts.rigid_contact_max, inputs=[last.body_q, _contact_set(self.model, contacts)],
             outputs=[touching], device=self.device,
         )  # fmt: skip
 
@@ -1269,11 +1257,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         (:func:`_hunt_crossley`)."""
         wp.launch(
             _hunt_crossley, dim=contacts.rigid_contact_max,
-            inputs=[state.body_q, state.body_qd, self.model.body_com, self.model.shape_body,
-                    contacts.rigid_contact_count, contacts.rigid_contact_shape0, contacts.rigid_contact_shape1,
-                    contacts.rigid_contact_point0,
-                    contacts.rigid_contact_point1, contacts.rigid_contact_normal, contacts.rigid_contact_margin0,
-                    contacts.rigid_contact_margin1, self.kd_depth],
+            inputs=[state.body_q, state.body_qd, self.model.body_com, _contact_set(self.model, contacts),
+                    self.kd_depth],
             outputs=[state.body_f], device=self.device,
         )  # fmt: skip
 
@@ -1310,13 +1295,16 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         )  # fmt: skip
 
     def terminated(self, t: int, out: wp.array) -> None:
-        cfg, layout = self.config, self.layout
         wp.launch(
-            _terminated, dim=self.world_count,
-            inputs=[self.state(t).body_q, layout.root_body, layout.body_count, self._up,
-                    _threshold(cfg.termination_height), _threshold(cfg.termination_up)],
-            outputs=[out], device=self.device,
+            _terminated, dim=self.world_count, inputs=[self.state(t).body_q, self._termination()], outputs=[out],
+            device=self.device,
         )  # fmt: skip
+
+    def _termination(self) -> _Termination:
+        rule = _Termination()
+        rule.root, rule.body_count, rule.up = self.layout.root_body, self.layout.body_count, self._up
+        rule.height, rule.up_min = _threshold(self.config.termination_height), _threshold(self.config.termination_up)
+        return rule
 
     def control_at(self, t: int) -> newton.Control:
         return self.controls[self.store(t)]

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import warp as wp
 
+from envs._deformable import ComToTarget
 from envs.walls import ContactMaterial, add_wall_and_ground, set_soft_contact
 from harness.env import EnvConfig, Quantity, Segmentable, Trajectory
-from harness.newton_env import NewtonEnv, NewtonEnvConfig, final_distances, finalize_worlds, world_targets
+from harness.newton_env import NewtonEnvConfig, finalize_worlds, world_targets
 from harness.schema import field
 
 if TYPE_CHECKING:  # newton is imported where a simulation is built: the config's checks do without it
@@ -97,7 +98,7 @@ def _assign_materials(values: wp.array2d(dtype=wp.float32), tet_materials: wp.ar
     tet_materials[tet, 1] = values[tet, 1]
 
 
-class SoftBodyEnv(NewtonEnv, Segmentable):
+class SoftBodyEnv(ComToTarget, Segmentable):
     """The diffsim soft body; see :class:`SoftBodyConfig` for the fields."""
 
     name = "soft_body"
@@ -204,19 +205,10 @@ class SoftBodyEnv(NewtonEnv, Segmentable):
             device=self.device,
         )
 
-    def write_observables(self, t: int) -> None:
-        self.write_offset(
-            "com_to_target",
-            t,
-            self.targets,
-            per_world=self.config.particles_per_world,
-            count=self.config.particles_per_world,
-        )
-
     def describe(self, trajectory: Trajectory) -> dict[str, Any]:
         materials = self.model.tet_materials.numpy()[:, :2]
         return {
-            "final_com_distance_to_target_m": final_distances(trajectory, "com_to_target"),
+            **super().describe(trajectory),
             "mu_pa": [float(materials[:, 0].min()), float(materials[:, 0].max())],
             "lambda_pa": [float(materials[:, 1].min()), float(materials[:, 1].max())],
         }

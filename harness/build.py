@@ -25,6 +25,7 @@ from harness.config import (
     ConfigError,
     TrainSettings,
     auto_segment_steps,
+    blame_typed,
     check_capture_setting,
     check_env_fields,
     check_saved_config,
@@ -35,6 +36,7 @@ from harness.config import (
     segment_steps,
 )
 from harness.config import validate as validate_values
+from harness.derived import typed_keys
 
 if TYPE_CHECKING:  # harness.checkpoint (numpy) is imported where a checkpoint is read
     from harness import checkpoint
@@ -158,10 +160,19 @@ def build_rule(section: Mapping[str, Any], where: str) -> Any:
 
 def validate(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> Run:
     """Check everything that can be checked without compiling a kernel or writing a file.
+    A refused value derived from one the running job's overrides set is reported under the
+    key that was typed (:func:`harness.config.blame_typed`).
 
     Returns:
         The run with every side-effect-free object built and ``env`` still None.
     """
+    try:
+        return _validate(cfg, choices)
+    except ConfigError as exc:
+        raise blame_typed(cfg, exc) from None
+
+
+def _validate(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> Run:
     checked = validate_values(cfg)
     env_class, env_fields = checked.env_class, checked.env_config
     task = _instantiate(cfg, "task")
@@ -273,6 +284,15 @@ def precheck(config_name: str, args: list[str]) -> Path | None:
     multirun = any(a in ("-m", "--multirun") for a in args)
     overrides = [a for a in args if not a.startswith("-")]
     cfg, choices, parsed = compose_command(config_name, overrides, multirun=multirun)
+    try:
+        return _precheck(config_name, cfg, choices, parsed, multirun)
+    except ConfigError as exc:  # a refused derived value is reported under the key typed
+        raise blame_typed(cfg, exc, [o.key_or_group for o in parsed]) from None
+
+
+def _precheck(
+    config_name: str, cfg: DictConfig, choices: Mapping[str, Any], parsed: list[Any], multirun: bool
+) -> Path | None:
     PRECHECKED.clear()
     PRECHECKED.update(resume=cfg.get("resume"), overwrite=bool(cfg.get("overwrite", False)))
     run = validate(cfg, choices)
@@ -559,11 +579,14 @@ def trained_run(
     extra = [f"device={device}"] if device else []
     try:
         cfg, choices, _ = compose_command("train", [*folder.overrides, *overrides, *extra])
+    except (ConfigError, ImportError) as exc:
+        raise RunError(f"{command}: {first_line(exc)}") from None
+    try:
         evaluation_config(cfg, task_class(cfg))
         untaped_config(cfg)
         run = build_run(cfg, choices, evaluation=True)
-    except (ConfigError, ImportError) as exc:
-        raise RunError(f"{command}: {first_line(exc)}") from None
+    except (ConfigError, ImportError) as exc:  # a refused derived value named by the key typed
+        raise RunError(f"{command}: {blame_typed(cfg, exc, typed_keys(overrides))}") from None
     mine = run.task.flat_shapes(run.env.config)
     theirs, _ = checkpoint.flat_identity(saved.meta)
     if saved.meta.get("env") == run.env.name and mine != theirs:

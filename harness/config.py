@@ -20,6 +20,7 @@ import difflib
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -267,6 +268,42 @@ def check_env_fields(cfg: DictConfig) -> tuple[Any, Any]:
         raise ConfigError(str(exc)) from None
 
 
+def own_error(cfg: DictConfig, key: str, value: Any) -> str | None:
+    """The one-line refusal of ``value`` at ``key`` by that key's own schema (an env field, or a
+    loop setting at the top level), or None where it passes or no schema is known."""
+    from harness import targets
+    from harness.schema import SchemaError, check_field
+
+    schema, name = TrainSettings, key
+    if key.startswith("env."):
+        try:
+            schema = targets.resolve("env", cfg.env.get("_target_"), "env._target_").Config
+        except Exception:  # the env's own check reports a bad _target_
+            return None
+        name = key.removeprefix("env.")
+    try:
+        check_field(schema, name, value, key)
+    except SchemaError as exc:
+        return str(exc)
+    except KeyError:
+        return None
+    return None
+
+
+def blame_typed(cfg: DictConfig, exc: Exception, typed: list[str] | None = None) -> ConfigError:
+    """``exc`` as a :class:`ConfigError` that names the key the command line typed, where the
+    refused key is an interpolation of it (:func:`harness.derived.blame`). ``typed``: the keys
+    the command line set; None reads them from Hydra's overrides of the running job (none
+    outside a job)."""
+    from harness import derived
+
+    if typed is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        typed = derived.typed_keys(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    return ConfigError(derived.blame(cfg, first_line(exc), typed, lambda k, v: own_error(cfg, k, v)))
+
+
 TOP_LEVEL_SECTIONS = (*GROUPS, "memory", "gradcheck", "diagnose")
 """Top-level keys of a composed config that are not loop settings (the groups have their
 own schemas; ``memory.segment_steps`` is checked against the env's horizon)."""
@@ -421,6 +458,44 @@ def run_name_suffix(overrides: str) -> str:
 
 
 _claimed: dict[str, str] = {}  # a default folder name -> the free name this process claimed for it
+_made: list[str] = []  # the folders unique_folder created in this process, parents first
+
+
+def release_unused_folders() -> list[str]:
+    """Remove the folders :func:`unique_folder` created in this process that are still empty
+    (a command that only prints its config, ``--cfg hydra --resolve``, resolves the run's
+    folder name without writing there), deepest first; return them."""
+    removed = []
+    for folder in reversed(_made):
+        try:
+            os.rmdir(folder)  # only an empty folder
+        except OSError:
+            continue
+        removed.append(folder)
+    _made[:] = [f for f in _made if f not in removed]
+    for name in [n for n, f in _claimed.items() if f in removed]:
+        del _claimed[name]
+    return removed
+
+
+def _merge_lookup() -> bool:
+    """True while OmegaConf merges a config file's value over an interpolation (an experiment's
+    ``hydra.sweep.dir`` over train.yaml's ``${harness.unique:...}``): it resolves the
+    interpolation only to see whether it names a config node, without failing when it cannot,
+    and drops a plain value. A folder claimed then would be left empty (one per composition,
+    in every sweep worker too). Found by the call: ``_maybe_dereference_node`` called from
+    ``BaseContainer._map_merge`` with ``throw_on_resolution_failure=False``."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_back is not None:
+        caller = frame.f_back
+        if (
+            frame.f_code.co_name == "_maybe_dereference_node"
+            and caller.f_code.co_name == "_map_merge"
+            and "omegaconf" in frame.f_code.co_filename
+        ):
+            return frame.f_locals.get("throw_on_resolution_failure") is False
+        frame = caller
+    return False
 
 
 def unique_folder(name: str) -> str:
@@ -431,7 +506,11 @@ def unique_folder(name: str) -> str:
     the run folder's name more than once)."""
     if name in _claimed:
         return _claimed[name]
-    Path(name).parent.mkdir(parents=True, exist_ok=True)
+    if _merge_lookup():
+        raise LookupError("a merge looks through the folder's name: nothing is claimed")
+    parent = Path(name).parent
+    _made.extend(str(p) for p in reversed([parent, *parent.parents]) if not p.exists())
+    parent.mkdir(parents=True, exist_ok=True)
     for k in range(1, 10_000):
         candidate = name if k == 1 else f"{name}_{k}"
         try:
@@ -439,6 +518,7 @@ def unique_folder(name: str) -> str:
         except FileExistsError:
             continue
         _claimed[name] = candidate
+        _made.append(candidate)
         return candidate
     raise ConfigError(f"harness.unique: 9999 folders named '{name}_*' exist; accepted: another folder name")
 

@@ -411,6 +411,13 @@ def _mse_source(layers: tuple[tuple, ...], eps: float) -> str:
 # -- kernels ----------------------------------------------------------------------------------------
 
 
+def _signature(function: Any, args: dict[str, Any]) -> Any:
+    """``function`` with ``args`` (name -> Warp type, in order) as its annotations: a native
+    snippet and the kernel that launches it take the same arguments, typed once."""
+    function.__annotations__ = dict(args)
+    return function
+
+
 def forward_kernel(layers: tuple[tuple, ...], eps: float, gather: bool, offsets_type: Any) -> Any:
     """The kernel ``(theta, offsets, x, indices, y)``, launched with ``dim=1``: ``y[i] =
     mlp(x[i])`` or ``mlp(x[indices[i]])``; its adjoint adds into ``theta``'s and ``x``'s
@@ -418,27 +425,22 @@ def forward_kernel(layers: tuple[tuple, ...], eps: float, gather: bool, offsets_
     key = ("forward", layers, eps, gather)
     if key not in _KERNELS:
         snippet, adjoint = _forward_source(layers, eps, gather)
+        args = {
+            "theta": wp.array(dtype=wp.float32),
+            "offsets": offsets_type,
+            "x": wp.array2d(dtype=wp.float32),
+            "indices": wp.array(dtype=wp.int32),
+            "y": wp.array2d(dtype=wp.float32),
+        }
 
-        @wp.func_native(snippet, adj_snippet=adjoint, replay_snippet="")
-        def apply(
-            theta: wp.array(dtype=wp.float32),
-            offsets: offsets_type,
-            x: wp.array2d(dtype=wp.float32),
-            indices: wp.array(dtype=wp.int32),
-            y: wp.array2d(dtype=wp.float32),
-        ): ...
+        def apply(theta, offsets, x, indices, y): ...
 
-        @wp.kernel(module="unique", module_options=_options())
-        def mlp_cpu(
-            theta: wp.array(dtype=wp.float32),
-            offsets: offsets_type,
-            x: wp.array2d(dtype=wp.float32),
-            indices: wp.array(dtype=wp.int32),
-            y: wp.array2d(dtype=wp.float32),
-        ):
+        apply = wp.func_native(snippet, adj_snippet=adjoint, replay_snippet="")(_signature(apply, args))
+
+        def mlp_cpu(theta, offsets, x, indices, y):
             apply(theta, offsets, x, indices, y)
 
-        _KERNELS[key] = mlp_cpu
+        _KERNELS[key] = wp.kernel(module="unique", module_options=_options())(_signature(mlp_cpu, args))
     return _KERNELS[key]
 
 
@@ -449,31 +451,25 @@ def mse_kernel(layers: tuple[tuple, ...], eps: float, offsets_type: Any) -> Any:
     every entry: 0 outside the MLP's parameters) its gradient, both written, not added."""
     key = ("mse", layers, eps)
     if key not in _KERNELS:
+        args = {
+            "theta": wp.array(dtype=wp.float32),
+            "offsets": offsets_type,
+            "x": wp.array2d(dtype=wp.float32),
+            "targets": wp.array2d(dtype=wp.float32),
+            "first": int,
+            "rows": int,
+            "grad": wp.array(dtype=wp.float32),
+            "loss": wp.array(dtype=wp.float32),
+        }
 
-        @wp.func_native(_mse_source(layers, eps))
-        def step(
-            theta: wp.array(dtype=wp.float32),
-            offsets: offsets_type,
-            x: wp.array2d(dtype=wp.float32),
-            targets: wp.array2d(dtype=wp.float32),
-            first: int,
-            rows: int,
-            grad: wp.array(dtype=wp.float32),
-            loss: wp.array(dtype=wp.float32),
-        ): ...
+        def step(theta, offsets, x, targets, first, rows, grad, loss): ...
 
-        @wp.kernel(module="unique", enable_backward=False, module_options=_options())
-        def mse_cpu(
-            theta: wp.array(dtype=wp.float32),
-            offsets: offsets_type,
-            x: wp.array2d(dtype=wp.float32),
-            targets: wp.array2d(dtype=wp.float32),
-            first: int,
-            rows: int,
-            grad: wp.array(dtype=wp.float32),
-            loss: wp.array(dtype=wp.float32),
-        ):
+        step = wp.func_native(_mse_source(layers, eps))(_signature(step, args))
+
+        def mse_cpu(theta, offsets, x, targets, first, rows, grad, loss):
             step(theta, offsets, x, targets, first, rows, grad, loss)
 
-        _KERNELS[key] = mse_cpu
+        _KERNELS[key] = wp.kernel(module="unique", enable_backward=False, module_options=_options())(
+            _signature(mse_cpu, args)
+        )
     return _KERNELS[key]

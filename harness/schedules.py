@@ -369,16 +369,7 @@ def cosine_decay(
     Raises:
         ValueError: If an argument is out of range (the message names ``schedule.<field>``).
     """
-    return _build(
-        "cosine_decay",
-        _COSINE,
-        CosineDecayArgs,
-        decay_steps=decay_steps,
-        min_factor=min_factor,
-        warmup_steps=warmup_steps,
-        start_factor=start_factor,
-        **clip_rule,
-    )
+    return _decay("cosine_decay", _COSINE, decay_steps, min_factor, warmup_steps, start_factor, clip_rule)
 
 
 def linear_decay(
@@ -395,24 +386,25 @@ def linear_decay(
 
     ``factor = 1 - (1 - m) * min(j, T) / T`` with ``j = k - W``, as
     ``torch.optim.lr_scheduler.LinearLR(start_factor=1, end_factor=m, total_iters=T)``.
-
-    Args:
-        decay_steps: ``T``, steps from the full rate to ``min_factor``, ``>= 1``
-            (``configs/schedule/linear_decay.yaml`` sets it to the run's ``iterations``).
-        min_factor: ``m``, final factor, in ``[0, 1]``.
-        warmup_steps: Linear warmup steps before the decay, ``>= 0``.
-        start_factor: Warmup factor of the first step, in ``[0, 1]``.
-        **clip_rule: The clip-aware rule, as in :func:`constant`.
-
-    Returns:
-        The schedule.
-
-    Raises:
-        ValueError: If an argument is out of range (the message names ``schedule.<field>``).
+    The arguments, return value and errors are :func:`cosine_decay`'s
+    (``configs/schedule/linear_decay.yaml`` sets ``decay_steps`` to the run's ``iterations``).
     """
+    return _decay("linear_decay", _LINEAR, decay_steps, min_factor, warmup_steps, start_factor, clip_rule)
+
+
+def _decay(
+    name: str,
+    kind: int,
+    decay_steps: int,
+    min_factor: float,
+    warmup_steps: int,
+    start_factor: float,
+    clip_rule: dict[str, Any],
+) -> Schedule:
+    """The schedule of :func:`cosine_decay` or :func:`linear_decay` (``kind``: the kernel's curve)."""
     return _build(
-        "linear_decay",
-        _LINEAR,
+        name,
+        kind,
         CosineDecayArgs,
         decay_steps=decay_steps,
         min_factor=min_factor,
@@ -437,15 +429,8 @@ def step_decay(
     Args:
         step_size: Steps between two decays, ``>= 1``.
         gamma: Multiplier per decay, in ``(0, 1]``.
-        warmup_steps: Linear warmup steps before the decay, ``>= 0``.
-        start_factor: Warmup factor of the first step, in ``[0, 1]``.
-        **clip_rule: The clip-aware rule, as in :func:`constant`.
-
-    Returns:
-        The schedule.
-
-    Raises:
-        ValueError: If an argument is out of range (the message names ``schedule.<field>``).
+        warmup_steps, start_factor, **clip_rule: As in :func:`cosine_decay`, which also says
+            what is returned and raised.
     """
     return _build(
         "step_decay",

@@ -26,7 +26,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["SchemaError", "build", "check", "checked", "field"]
+__all__ = ["SchemaError", "build", "check", "check_field", "checked", "field"]
 
 
 class SchemaError(ValueError):
@@ -233,6 +233,23 @@ def build(schema: type, values: Mapping[str, Any], *, prefix: str, ignore: Seque
         except ValueError as exc:
             raise SchemaError(f"{lead}{exc}") from None
     return instance
+
+
+def check_field(schema: type, name: str, value: Any, label: str) -> None:
+    """Check one ``value`` against the field ``name`` of ``schema`` alone (its type and range).
+
+    Raises:
+        SchemaError: One line naming ``label``; KeyError when ``schema`` has no such field.
+    """
+    found = {f.name: f for f in dataclasses.fields(schema) if f.init}
+    by_key = {f.metadata.get("key") or f.name: f for f in found.values()}
+    f = by_key.get(name) or found[name]
+    kind, optional, entry = _kind(typing.get_type_hints(schema)[f.name])
+    if value is None:
+        if not optional:
+            raise SchemaError(f"{label}: must not be null")
+        return
+    _check_value(label, value, kind, f.metadata, entry)
 
 
 def check(schema: type, prefix: str, **values: Any) -> Any:

@@ -170,6 +170,119 @@ STOP_GRACE_S = 120.0
 LOG_SETTLE_S = 1.0
 """How long the launching process waits after the last job before it goes on: Ray forwards the
 jobs' lines from the nodes with a delay, and the sweep's count line should come after them."""
+RAY_CONNECT_S = 10.0
+"""How long :func:`ray_address_problem` tries a TCP connection to a cluster's address (again
+while it is refused: the head's Ray Client server opens its port a moment after ``ray start``
+returned)."""
+RAY_REPLY_S = 15.0
+"""How long :func:`ray_address_problem` waits, once a TCP connection was made, for a control
+store to answer Ray's first request (``GetClusterId``), or a Ray Client server to take a gRPC
+connection."""
+RAY_ACCEPTED = (
+    "accepted: the address of a running cluster (auto, HOST:6379, ray://HOST:10001), or null for a "
+    "private Ray on this machine"
+)
+
+
+def ray_address_problem(init: dict[str, Any]) -> str | None:
+    """Why ``ray.init(**init)`` would find no cluster at its address, in words, or None.
+
+    At a ``HOST:PORT`` where no Ray control store (GCS) answers, ``ray.init`` retries for many
+    minutes, printing Ray's own warnings; so the address Ray would connect to is checked first,
+    as Ray finds it (``RAY_ADDRESS`` for null or ``auto``, then the cluster ``ray start``
+    recorded on this machine; ``127.0.0.1`` is this machine's address to Ray): a TCP
+    connection within :data:`RAY_CONNECT_S`, then an answer within :data:`RAY_REPLY_S` as
+    Ray's own client expects it (:func:`_grpc_reply_problem`; the channel is made as Ray
+    makes it, with TLS where ``RAY_USE_TLS`` is set and Ray's token). A ``ray://`` address
+    is a Ray Client server's. None when there is no address (a private Ray starts), when
+    Ray's own check refuses the address (``ray.init`` says why at once) or when the server
+    answered."""
+    import socket
+
+    address = init.get("address")
+    given = repr(address)
+    from_env = os.environ.get("RAY_ADDRESS")
+    if from_env and (address is None or address == "auto"):
+        address, given = from_env, f"{from_env!r} (RAY_ADDRESS)"
+    if address is not None and "://" in str(address):
+        scheme, _, target = str(address).partition("://")
+        if scheme != "ray":
+            return None  # Ray refuses it itself, at once
+        client = True
+    else:
+        from ray._private import services
+
+        try:
+            target = services.canonicalize_bootstrap_address(address, init.get("_temp_dir"))
+        except Exception:  # no cluster for "auto", a malformed address: ray.init says so at once
+            return None
+        if target is None:  # a private Ray
+            return None
+        if address is None:
+            given = f"{target!r} (the cluster `ray start` recorded on this machine)"
+        client = False
+    host, _, port_text = str(target).rpartition(":")
+    host = host.strip("[]")
+    if not host or not port_text.isdigit():
+        return None  # Ray refuses it itself
+    where = f"{host}:{port_text}"
+    at = "" if where in given else f" at {where}"  # 127.0.0.1 is this machine's address to Ray
+    service = "Ray Client server" if client else "Ray control store"
+    tried = f"tried a TCP connection to the {service}{at}"
+    deadline = time.monotonic() + RAY_CONNECT_S
+    while True:
+        try:
+            with socket.create_connection((host, int(port_text)), timeout=max(deadline - time.monotonic(), 0.1)):
+                break
+        except socket.gaierror:
+            return f"nothing answers at {given}: its host '{host}' is not known to this machine"
+        except TimeoutError:
+            return f"nothing answers at {given} ({tried} for {RAY_CONNECT_S:g} s: no answer)"
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                return f"nothing answers at {given} ({tried} for {RAY_CONNECT_S:g} s: connection refused)"
+            time.sleep(0.25)
+        except OSError as exc:  # no route to the host, a network that is down
+            return f"nothing answers at {given} ({tried}: {(exc.strerror or type(exc).__name__).lower()})"
+    return _grpc_reply_problem(where, given, at, client=client)
+
+
+def _grpc_reply_problem(where: str, given: str, at: str, *, client: bool) -> str | None:
+    """Whether the server at ``where`` (it took a TCP connection) answers as Ray does, within
+    :data:`RAY_REPLY_S`: a control store Ray's first request (``GetClusterId``), a Ray Client
+    server a gRPC connection (see :func:`ray_address_problem`)."""
+    import grpc
+
+    try:
+        from ray._private.grpc_utils import init_grpc_channel  # TLS and Ray's token, as Ray connects
+
+        channel = init_grpc_channel(where)
+    except Exception:  # another Ray version: a plain channel
+        channel = grpc.insecure_channel(where)
+    service = "a Ray Client server" if client else "a Ray control store"
+    lead = f"something at {given} takes a TCP connection but is not {service}"
+    try:
+        if client:
+            grpc.channel_ready_future(channel).result(timeout=RAY_REPLY_S)
+        else:
+            call = channel.unary_unary(
+                "/ray.rpc.NodeInfoGcsService/GetClusterId",
+                request_serializer=lambda request: request,  # an empty GetClusterIdRequest
+                response_deserializer=lambda reply: reply,
+            )
+            call(b"", timeout=RAY_REPLY_S)
+    except grpc.FutureTimeoutError:
+        return f"{lead} (tried a gRPC connection{at}: no answer in {RAY_REPLY_S:g} s)"
+    except grpc.RpcError as exc:
+        code = exc.code() if callable(getattr(exc, "code", None)) else None
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            return None  # a Ray server that wants Ray's token: ray.init says what it needs
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return f"{lead} (tried Ray's first request{at}: no answer in {RAY_REPLY_S:g} s)"
+        return f"{lead} (tried Ray's first request{at}: the answer was {getattr(code, 'name', code)})"
+    finally:
+        channel.close()
+    return None
 
 
 def ray_job(hydra_context: Any, sweep_config: DictConfig, task_function: Any, singleton_state: dict) -> Any:
@@ -292,14 +405,16 @@ def launch_on_ray(
     if not ray.is_initialized():
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         init = OmegaConf.to_container(ray_cfg.init, resolve=True) or {}
+        problem = ray_address_problem(init)  # before ray.init, which retries for many minutes
+        if problem is not None:
+            raise ConnectionError(f"hydra.launcher.ray.init.address: {problem}; {RAY_ACCEPTED}")
         try:
             ray.init(**init)
         except Exception as exc:  # a cluster that is not there, or that refused the connection
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
             raise ConnectionError(
                 f"hydra.launcher.ray.init.address: Ray at {init.get('address')!r} did not take the sweep "
-                f"({type(exc).__name__}: {lines[-1]}); accepted: the address of a running cluster (auto, "
-                "HOST:6379, ray://HOST:10001), or null for a private Ray on this machine"
+                f"({type(exc).__name__}: {lines[-1]}); {RAY_ACCEPTED}"
             ) from None
         finally:
             for sig, handler in handlers.items():  # ray.init installs a SIGTERM handler of its own
@@ -367,3 +482,226 @@ def _stop_ray_jobs(ray: Any, pending: list[Any]) -> None:
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
         raise
+
+
+# Sweeps on a SLURM cluster (hydra/launcher=submitit_slurm).
+
+SLURM_POLL_S = 5.0
+"""How often the launching process asks SLURM (``squeue``) about the jobs that have no result yet."""
+SLURM_RESULT_GRACE_S = 30.0
+"""How long a job SLURM says completed may take to show its result file (a shared file
+system shows another node's files with a delay)."""
+SLURM_WAITING = frozenset(
+    {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"}
+    | {"RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "PREEMPTED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+)
+"""SLURM job states of a job that may still return (``PREEMPTED``: submitit may requeue it)."""
+
+
+def slurm_error_line(state: str | None, stderr: Path | None) -> str:
+    """Why a SLURM job ended without a result, in one line, from its state (None: the job has
+    left SLURM's queue and accounting has no record of it)."""
+    log = f"; its log: {stderr}" if stderr is not None else ""
+    if state == "CANCELLED":
+        return "slurm: the job was cancelled by the scheduler (scancel, or an administrator) before it ended"
+    if state == "TIMEOUT":
+        return "slurm: the job ran past its time limit and was stopped (hydra.launcher.timeout_min)"
+    if state == "OUT_OF_MEMORY":
+        return "slurm: the job ran out of the memory it asked for (hydra.launcher.mem_gb) and was stopped"
+    if state in ("NODE_FAIL", "BOOT_FAIL"):
+        return "slurm: the node running the job failed"
+    if state == "DEADLINE":
+        return "slurm: the job reached its deadline and was cancelled"
+    if state is None:
+        return f"slurm: the job left the queue without a result{log}"
+    return f"slurm: the job ended {state} without a result (its batch script or Python failed on the node{log})"
+
+
+def slurm_states(job_ids: Sequence[str]) -> dict[str, str] | None:
+    """``{array task id: state}`` of the SLURM jobs ``job_ids`` (``ID_N``) that SLURM still
+    knows: ``squeue`` (ended jobs stay listed for the cluster's ``MinJobAge``), else ``sacct``
+    (a cluster with accounting); a job neither knows is left out. None when ``squeue`` could
+    not answer (the controller busy or unreachable): nothing is known."""
+    import subprocess
+
+    arrays = ",".join(sorted({job_id.split("_")[0] for job_id in job_ids}))
+    found: dict[str, str] = {}
+    commands = (
+        ["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T", f"--jobs={arrays}"],
+        ["sacct", "--noheader", "--parsable2", "--allocations", "--format=JobID,State", f"--jobs={arrays}"],
+    )
+    for command in commands:
+        if all(job_id in found for job_id in job_ids):
+            break
+        try:
+            out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.SubprocessError):
+            out = None
+        if out is None or out.returncode != 0:
+            if command[0] == "squeue" and (out is None or "Invalid job id" not in out.stderr):
+                return None  # an array SLURM has forgotten is an answer; any other failure is not
+            continue
+        for line in out.stdout.splitlines():
+            job_id, _, state = line.strip().partition("|")
+            if job_id and state:
+                found.setdefault(job_id, state.split()[0].rstrip("+"))  # sacct: "CANCELLED by 0"
+    return found
+
+
+def launch_on_slurm(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
+    """Run a sweep's jobs as one SLURM job array through submitit and return one ``JobReturn``
+    per job, in order (``launcher``: the harness's ``SlurmLauncher``, hydra-submitit-launcher's
+    with this gathering of results).
+
+    The jobs are submitted as hydra-submitit-launcher submits them; a submission SLURM refuses
+    (``sbatch: error: ...``) ends the command with one line. Each job's result is read as it
+    ends. A job that ends without one (cancelled with ``scancel``, past its time limit, out of
+    memory, its node failed: its state from ``squeue``, else ``sacct``, so a cluster without
+    accounting works too) prints one line, is recorded as failed (:func:`record_lost_job`) and
+    returns nan, as a failed job does; the other jobs go on. Any exception here (a Ctrl-C, a
+    SIGTERM) cancels the unfinished jobs with ``scancel`` and is then raised.
+    """
+    import submitit
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import filter_overrides
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+
+    config = launcher.config
+    assert config is not None, "setup() comes first"
+    params = dict(launcher.params)
+    init_keys = {"submitit_folder", "max_num_timeout"}
+    executor = submitit.AutoExecutor(
+        cluster="slurm", folder=params["submitit_folder"], slurm_max_num_timeout=params.get("max_num_timeout", 0)
+    )
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items() if k not in init_keys})
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if "mode" in config.hydra.sweep:
+        os.chmod(sweep_dir, mode=int(str(config.hydra.sweep.mode), 8))
+
+    numbers = range(initial_job_idx, initial_job_idx + len(job_overrides))
+    state = Singleton.get_state()
+    args = [
+        (list(o), "hydra.sweep.dir", n, f"job_id_for_{n}", state) for n, o in zip(numbers, job_overrides, strict=True)
+    ]
+    import logging
+
+    log = logging.getLogger(__name__)
+    log.info(f"Submitit 'slurm' sweep output dir : {sweep_dir}")
+    for n, overrides in zip(numbers, job_overrides, strict=True):
+        log.info(f"\t#{n} : {' '.join(filter_overrides(overrides))}")
+    started = time.time()
+    jobs = _submit_to_slurm(executor, launcher, args)
+
+    returns: dict[int, Any] = {}
+    ended_at: dict[int, float] = {}
+    states: dict[str, str] = {}
+    next_poll = 0.0
+    try:
+        while len(returns) < len(jobs):
+            if time.monotonic() >= next_poll:
+                answer = slurm_states([job.job_id for i, job in enumerate(jobs) if i not in returns])
+                states = states if answer is None else answer
+                next_poll = time.monotonic() + SLURM_POLL_S
+            for i, job in enumerate(jobs):
+                if i in returns:
+                    continue
+                if job.paths.result_pickle.exists():
+                    try:
+                        returns[i] = job.results()[0]
+                        _echo_job_line(returns[i])
+                        continue
+                    except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as exc:
+                        detail = _submitit_error_detail(exc)
+                        line = f"slurm: the job failed on its node ({detail}); its log: {job.paths.stderr}"
+                else:
+                    slurm_state = states.get(job.job_id)
+                    if slurm_state in SLURM_WAITING:
+                        ended_at.pop(i, None)
+                        continue
+                    # ended, or no longer known: a result may still be on its way through the file system
+                    grace = SLURM_RESULT_GRACE_S if slurm_state in (None, "COMPLETED") else 2 * SLURM_POLL_S
+                    if time.monotonic() - ended_at.setdefault(i, time.monotonic()) < grace:
+                        continue
+                    line = slurm_error_line(slurm_state, job.paths.stderr)
+                returns[i] = _lost_slurm_job(launcher, args[i], f"error: {line}", started)
+            if len(returns) < len(jobs):
+                time.sleep(1.0)
+    except BaseException:
+        _cancel_slurm_jobs([job for i, job in enumerate(jobs) if i not in returns])
+        raise
+    return [returns[i] for i in range(len(jobs))]
+
+
+def _echo_job_line(result: Any) -> None:
+    """Print the line of a job that returned failed or diverged (its outcome's, which it printed
+    into its own log on its node) in the launching terminal too, as ``[job N: overrides] line``."""
+    with contextlib.suppress(Exception):  # a result without a folder (not the harness's train): nothing to say
+        folder = OmegaConf.select(result.hydra_cfg, "hydra.runtime.output_dir")
+        path = Path(str(folder)) / ".hydra" / OUTCOME_FILE
+        outcome = json.loads(path.read_text())
+        if outcome.get("status") in ("failed", "diverged") and outcome.get("error"):
+            label = f"[job {outcome.get('job')}: {outcome.get('overrides')}]"
+            print(f"{label} {outcome['error']}", file=sys.stderr, flush=True)
+
+
+def _submitit_error_detail(exc: BaseException) -> str:
+    """The last line of the traceback submitit reports for a job that raised on its node."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    trace = [x for x in lines if not x.startswith(("-", "You can check", "or at paths", "Job (task="))]
+    return trace[-1] if trace else type(exc).__name__
+
+
+def _submit_to_slurm(executor: Any, launcher: Any, args: list[tuple]) -> list[Any]:
+    """Submit the jobs as one array; SLURM's refusal (``sbatch: error: ...``), or no ``sbatch``
+    here, as one line (a ``ConnectionError``: the command prints it and exits 1)."""
+    from submitit.core.utils import FailedJobError
+
+    try:
+        jobs = executor.map_array(launcher, *zip(*args, strict=True))
+    except (FailedJobError, OSError) as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        why = next((x for x in lines if "error" in x.lower()), lines[-1])
+        raise ConnectionError(
+            f"hydra.launcher: SLURM did not take the sweep's jobs ({why}); accepted: what this cluster has "
+            "(partition, account, qos, gpus_per_node or gres, cpus_per_task, mem_gb, timeout_min), "
+            "launched where sbatch works"
+        ) from None
+    print(f"slurm: submitted {len(jobs)} jobs as job array {jobs[0].job_id.split('_')[0]}", flush=True)
+    return jobs
+
+
+def _lost_slurm_job(launcher: Any, job_args: tuple, line: str, started: float) -> Any:
+    """A job SLURM ended without a result: its line printed, its outcome recorded as failed in
+    its folder (:func:`record_lost_job`), and the ``JobReturn`` of a failed job (nan)."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    overrides, _, number, job_id, _ = job_args
+    sweep_config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+    with open_dict(sweep_config):
+        sweep_config.hydra.job.id = job_id
+        sweep_config.hydra.job.num = number
+    folder = job_folder(sweep_config)
+    label = f"[job {number}: {sweep_config.hydra.job.override_dirname}]"
+    print(f"{label} {line}; its folder: {folder}", file=sys.stderr, flush=True)
+    record_lost_job(sweep_config, folder, line, started)
+    return JobReturn(
+        overrides=list(sweep_config.hydra.overrides.task),
+        working_dir=str(folder),
+        task_name=str(sweep_config.hydra.job.name),
+        status=JobStatus.COMPLETED,
+        _return_value=math.nan,
+    )
+
+
+def _cancel_slurm_jobs(jobs: list[Any]) -> None:
+    """Cancel a stopped sweep's unfinished SLURM jobs (``scancel``: SLURM signals each running job,
+    then kills it after the cluster's ``KillWait``)."""
+    if not jobs:
+        return
+    print(f"slurm: cancelling {len(jobs)} unfinished jobs (scancel)", file=sys.stderr, flush=True)
+    import subprocess
+
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["scancel", *[job.job_id for job in jobs]], capture_output=True, timeout=60, check=False)

@@ -72,6 +72,7 @@ def method_overrides(method: str, env: str, episode: int, window: int, worlds: i
     ]  # fmt: skip
     if method != "shac":
         found += ["optim=adam", "optim.lr=0.01", "optim.betas=[0.7,0.95]"]  # SHAC actor rate
+        found += ["clip=global_norm", "clip.max_norm=1.0"]  # SHAC's actor clip (task=policy's own is ZClip)
     return found, per_iteration
 
 

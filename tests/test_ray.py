@@ -18,15 +18,18 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import harness_env, run_harness
+from tests.processes import kill_until_none, started_cluster
 
 pytest.importorskip("ray", reason="Ray is installed with the test extra (pip install -e '.[test]')")
 
@@ -83,6 +86,16 @@ class Cluster:
         self.worker = self._worker()  # it waits for the head's control store: both start side by side
         self._wait_started("head", self.head)
         self._wait_started("worker", self.worker)
+        self._wait_client_server()
+
+    def _wait_client_server(self) -> None:
+        """Ray starts the head's Ray Client server last and does not wait for it: until its port
+        takes connections, a ``ray://`` sweep is refused (nothing answers there)."""
+        probe = f"import socket; socket.create_connection(('127.0.0.1', {CLIENT_PORT}), timeout=2).close()"
+        deadline = time.monotonic() + 120
+        while subprocess.run([*self.enter, sys.executable, "-c", probe], capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline, "the Ray Client server never took a connection"
+            time.sleep(0.5)
 
     def start_worker(self) -> None:
         self.worker = self._worker()
@@ -135,12 +148,7 @@ class Cluster:
             logs = self.temp / "session_latest" / "logs"
             shutil.copytree(logs, self.root / "ray-logs", ignore_dangling_symlinks=True)
         # Again until none is left: a raylet may start a worker between a listing and its kill.
-        deadline = time.monotonic() + 30
-        while (alive := self.processes()) and time.monotonic() < deadline:
-            for pid in alive:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
+        kill_until_none(self.processes)
         for process in (self.worker, self.head, self.holder):
             if process is not None:
                 with contextlib.suppress(ProcessLookupError):
@@ -191,13 +199,8 @@ def cluster(tmp_path_factory):
     if why is not None:
         pytest.skip(why)
     assert RAY.is_file(), RAY
-    made = Cluster(tmp_path_factory.mktemp("ray"))
-    try:
-        made.start()
+    with started_cluster(Cluster(tmp_path_factory.mktemp("ray"))) as made:
         yield made
-    finally:
-        made.stop()
-        assert not made.processes()
 
 
 @pytest.fixture
@@ -243,6 +246,145 @@ def wait_for(condition, timeout: float, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
+
+
+ADDRESS_ERROR = "error: train: hydra.launcher.ray.init.address: "
+BAD_ADDRESS_S = 60  # docs/reliability.md: an address where no Ray answers ends within this
+
+
+def closed_port() -> int:
+    """A port nothing listens on (on any address of this machine: Ray connects to 127.0.0.1 as
+    to the machine's own address)."""
+    with socket.socket() as probe:
+        probe.bind(("0.0.0.0", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def silent_listener():
+    """A TCP server on every address of this machine that takes connections and never says a
+    word (not Ray); yields its port."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for conn in [*held, server]:
+            conn.close()
+
+
+def sweep_at(address: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, float, Path]:
+    """A two-job sweep on Ray at ``address`` (no cluster, RAY_ADDRESS unset), its time, its folder."""
+    sweep = tmp_path / "sweep"
+    env = {k: v for k, v in harness_env().items() if k != "RAY_ADDRESS"}
+    start = time.monotonic()
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "harness", "train", "-m", *TINY, "clip.max_norm=1,10", "hydra/launcher=ray"),
+            *(f"hydra.launcher.ray.init.address={address}", f"hydra.sweep.dir={sweep}"),
+            "hydra.callbacks.warm_kernel_cache.enabled=false",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BAD_ADDRESS_S + 30,  # before the check: Ray retried for many minutes
+    )
+    return proc, time.monotonic() - start, sweep
+
+
+def assert_refused_in_one_line(proc, elapsed: float, sweep: Path, start: str) -> str:
+    """One line on stderr that starts with ``start``, exit 1 within the time promised, nothing
+    but Hydra's multirun.yaml in the sweep folder (no job folder), none of Ray's own lines."""
+    out = proc.stdout + proc.stderr
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert proc.returncode == 1, out
+    assert elapsed < BAD_ADDRESS_S, (elapsed, out)
+    assert len(lines) == 1, out
+    assert lines[0].startswith(start), out
+    assert lines[0].endswith(
+        "; accepted: the address of a running cluster (auto, HOST:6379, ray://HOST:10001), "
+        "or null for a private Ray on this machine"
+    ), out
+    assert sorted(p.name for p in sweep.iterdir()) == ["multirun.yaml"]
+    return lines[0]
+
+
+def test_an_address_where_nothing_answers_ends_in_one_line(tmp_path):
+    port = closed_port()
+    proc, elapsed, sweep = sweep_at(f"127.0.0.1:{port}", tmp_path)
+    line = assert_refused_in_one_line(proc, elapsed, sweep, f"{ADDRESS_ERROR}nothing answers at '127.0.0.1:{port}' (")
+    assert "(tried a TCP connection to the Ray control store" in line
+    assert line.split("; accepted:")[0].endswith(" for 10 s: connection refused)")
+
+
+@pytest.mark.slow  # a second bad address through the command line (the first is in the default suite)
+def test_an_address_that_is_not_ray_ends_in_one_line(tmp_path):
+    with silent_listener() as port:
+        proc, elapsed, sweep = sweep_at(f"127.0.0.1:{port}", tmp_path)
+    not_ray = "takes a TCP connection but is not a Ray control store ("
+    line = assert_refused_in_one_line(proc, elapsed, sweep, f"{ADDRESS_ERROR}something at '127.0.0.1:{port}' {not_ray}")
+    assert "no answer in 15 s" in line
+
+
+@pytest.mark.slow  # a third bad address through the command line
+def test_a_ray_client_address_where_nothing_answers_ends_in_one_line(tmp_path):
+    port = closed_port()
+    proc, elapsed, sweep = sweep_at(f"ray://127.0.0.1:{port}", tmp_path)
+    line = assert_refused_in_one_line(
+        proc, elapsed, sweep, f"{ADDRESS_ERROR}nothing answers at 'ray://127.0.0.1:{port}' ("
+    )
+    assert "(tried a TCP connection to the Ray Client server for 10 s: connection refused)" in line
+
+
+def test_the_address_check_finds_the_address_as_ray_does(tmp_path, monkeypatch):
+    """:func:`harness.sweep.ray_address_problem`: RAY_ADDRESS for null and auto, the cluster
+    ``ray start`` recorded for null, none for a private Ray; a port whose connections are
+    dropped (a firewall) ends after the TCP connection's time."""
+    from harness import sweep
+    from harness.sweep import ray_address_problem
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(sweep, "RAY_CONNECT_S", 1.0)  # the TCP connection's time (10 s in a sweep)
+    with socket.socket() as full:  # a queue of waiting connections that is full drops the next
+        full.bind(("0.0.0.0", 0))
+        full.listen(0)
+        waiting = [socket.socket() for _ in range(3)]
+        for conn in waiting:
+            conn.setblocking(False)
+            conn.connect_ex(("127.0.0.1", full.getsockname()[1]))
+        start = time.monotonic()
+        found = ray_address_problem({"address": f"127.0.0.1:{full.getsockname()[1]}"})
+        assert time.monotonic() - start < 5
+        for conn in waiting:
+            conn.close()
+    assert found is not None and found.endswith(" for 1 s: no answer)"), found
+    monkeypatch.setattr(sweep, "RAY_CONNECT_S", 0.5)  # a refused connection is tried again that long
+    port = closed_port()
+    assert ray_address_problem({"address": None, "_temp_dir": str(tmp_path)}) is None  # a private Ray
+    (tmp_path / "ray_current_cluster").write_text(f"127.0.0.1:{port}\n")  # a cluster stopped by a kill
+    found = ray_address_problem({"address": None, "_temp_dir": str(tmp_path)})
+    assert found is not None and found.startswith("nothing answers at '"), found
+    assert "(the cluster `ray start` recorded on this machine)" in found
+    monkeypatch.setenv("RAY_ADDRESS", f"ray://127.0.0.1:{port}")
+    for address in (None, "auto"):
+        found = ray_address_problem({"address": address})
+        assert found is not None and found.startswith(f"nothing answers at 'ray://127.0.0.1:{port}' (RAY_ADDRESS)")
 
 
 def test_a_sweep_on_the_cluster_runs_every_job_counts_them_and_reports_them(two_nodes, tmp_path):

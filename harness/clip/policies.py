@@ -215,10 +215,13 @@ class ZClipArgs:
     max_norm: float | None = _limit()
 
 
-def _norm_args(max_norm: float, norm_type: float | str) -> NormArgs:
-    return schema.check(
+def _norm_rule(max_norm: float, norm_type: float | str) -> tuple[float, float, Callable[[ParamSet], GroupNorms]]:
+    """A norm policy's checked ``max_norm`` and ``p``, and its cached per-ParamSet p-norm reducer."""
+    args = schema.check(
         NormArgs, "clip", max_norm=max_norm, norm_type=float(norm_type) if norm_type == "inf" else norm_type
     )
+    cache = _ScratchCache()
+    return args.max_norm, args.norm_type, lambda params: _segment_norms(cache, params, args.norm_type)
 
 
 def _threshold_state(value: float) -> Callable[[ParamSet], dict[str, wp.array]]:
@@ -333,23 +336,21 @@ def clip_by_global_norm(
     Raises:
         ValueError: If ``max_norm`` is negative or nan, or ``norm_type`` is not ``> 0``.
     """
-    args = _norm_args(max_norm, norm_type)
-    max_norm, p = args.max_norm, args.norm_type
-    norms_cache: weakref.WeakKeyDictionary = _ScratchCache()
+    max_norm, p, segment_norms = _norm_rule(max_norm, norm_type)
 
     def apply(params: ParamSet, state: dict[str, wp.array], stats: FlatStats, skip: wp.array) -> None:
         del skip
         if p == 2.0:
             _scale_by_threshold(params, state, stats.norm64)
             return
-        norms = _segment_norms(norms_cache, params, p)
+        norms = segment_norms(params)
         norms.compute(params.grad.ptr)
         _scale_by_threshold(params, state, norms.total)
 
     def prepare(params: ParamSet) -> None:
         _group_coef(params)
         if p != 2.0:
-            _segment_norms(norms_cache, params, p)
+            segment_norms(params)
 
     rule = ClipRule("global_norm", _threshold_state(max_norm), apply, prepare)
     return ClipPolicy("global_norm", (rule,))
@@ -369,7 +370,7 @@ def clip_by_norm_per_param(
 
     Args:
         max_norm: Largest allowed norm of each parameter's gradient, ``>= 0``.
-        norm_type: ``p``: any number ``> 0`` or ``inf``.
+        norm_type: ``p`` of each parameter's norm: any number ``> 0`` or ``inf``.
 
     Returns:
         The policy.
@@ -377,16 +378,14 @@ def clip_by_norm_per_param(
     Raises:
         ValueError: If ``max_norm`` is negative or nan, or ``norm_type`` is not ``> 0``.
     """
-    args = _norm_args(max_norm, norm_type)
-    max_norm, p = args.max_norm, args.norm_type
-    norms_cache: weakref.WeakKeyDictionary = _ScratchCache()
+    max_norm, _, segment_norms = _norm_rule(max_norm, norm_type)
 
     def init(params: ParamSet) -> dict[str, wp.array]:
         return {"segment_coef": wp.ones(params.segment_count, dtype=wp.float32, device=params.device)}
 
     def apply(params: ParamSet, state: dict[str, wp.array], stats: FlatStats, skip: wp.array) -> None:
         del stats, skip
-        norms = _segment_norms(norms_cache, params, p)
+        norms = segment_norms(params)
         norms.compute(params.grad.ptr)
         launch_scale_groups(
             norms.table,
@@ -401,7 +400,7 @@ def clip_by_norm_per_param(
         )
 
     def prepare(params: ParamSet) -> None:
-        _segment_norms(norms_cache, params, p)
+        segment_norms(params)
 
     return ClipPolicy("norm_per_param", (ClipRule("norm_per_param", init, apply, prepare),))
 

@@ -197,7 +197,8 @@ def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: 
     from harness import config
 
     flags, overrides = split_hydra_flags(rest)
-    if not any(f.split("=", 1)[0] in HYDRA_INSPECT_FLAGS for f in flags):  # --cfg, --info, --help run nothing
+    inspect = any(f.split("=", 1)[0] in HYDRA_INSPECT_FLAGS for f in flags)
+    if not inspect:  # --cfg, --info, --help run nothing
         from harness import build
 
         multirun = [f for f in flags if f in ("-m", "--multirun")]
@@ -242,22 +243,27 @@ def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: 
         sys.argv = saved
     from harness import sweep
 
+    if inspect:  # the config was printed, nothing run: no folder its names claimed is kept
+        config.release_unused_folders()
     if sweep.sweep_failed():  # a job failed or was killed: the sweep's line counted it
         sys.exit(1)
 
 
 def register_launchers() -> None:
-    """Make the harness's own Hydra launcher (``hydra/launcher=ray``,
-    ``hydra_plugins/harness_ray_launcher``) known to Hydra however the harness is installed.
+    """Make the harness's own Hydra launchers (``hydra/launcher=ray``,
+    ``hydra_plugins/harness_ray_launcher``; ``hydra/launcher=submitit_slurm``,
+    ``hydra_plugins/harness_submitit_launcher``) known to Hydra however the harness is installed.
     Hydra finds plugins by walking its ``hydra_plugins`` package with ``pkgutil``, which does
     not see a folder that setuptools' editable install maps through its import finder (``pip
-    install -e .``): registered here, the launcher works from a wheel, an editable install or a
-    checkout on ``PYTHONPATH`` alike. Neither Ray nor the harness's library is imported."""
+    install -e .``): registered here, the launchers work from a wheel, an editable install or a
+    checkout on ``PYTHONPATH`` alike. Neither Ray, submitit nor the harness's library is imported."""
     from hydra.core.plugins import Plugins
 
     from hydra_plugins.harness_ray_launcher.ray_launcher import RayLauncher
+    from hydra_plugins.harness_submitit_launcher.submitit_launcher import SlurmLauncher
 
     Plugins.instance().register(RayLauncher)
+    Plugins.instance().register(SlurmLauncher)
 
 
 def _given(overrides: list[str]) -> dict[str, str]:

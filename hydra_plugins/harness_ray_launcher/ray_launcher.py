@@ -3,9 +3,11 @@
 Hydra takes launchers only from its ``hydra_plugins`` package, so this is the one module
 there; the work is :func:`harness.sweep.launch_on_ray`. Compared with hydra-ray-launcher's own
 ``RayLauncher`` (whose config fields it keeps: ``ray.init``, ``ray.remote``), every job ends
-with an outcome the sweep counts, also one lost with its node, and a Ctrl-C stops the jobs
-with their checkpoints. Importing this module imports neither Ray nor the harness: Hydra
-imports every plugin module on every command.
+with an outcome the sweep counts, also one lost with its node, a Ctrl-C stops the jobs with
+their checkpoints, and an address where no Ray answers ends the sweep in one line before
+``ray.init`` would retry for minutes (:func:`harness.sweep.ray_address_problem`). Importing
+this module imports neither Ray nor the harness: Hydra imports every plugin module on every
+command.
 """
 
 from __future__ import annotations
