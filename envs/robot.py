@@ -703,7 +703,7 @@ def _record(
 
 @wp.struct
 class _Termination:
-    """What ends a world's episode (:meth:`RobotEnv._termination`): its root body (``root``, of
+    """What ends a world's episode (``RobotEnv._termination``, built once): its root body (``root``, of
     ``body_count`` per world) below ``height`` along ``up``, its up axis below ``up_min`` along
     ``up``, or a height that is not finite."""
 
@@ -1164,6 +1164,11 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             self._action_out = (ints(layout.actuated_dofs), floats(np.zeros(layout.dof_count)), floats(layout.torque),
                                 layout.dof_count, self.joint_f)  # fmt: skip
         self._up = wp.vec3(*np.eye(3)["xyz".index(cfg.up_axis)])
+        self._termination = _Termination()  # what ends an episode: the same for every step
+        self._termination.root, self._termination.body_count = self.layout.root_body, self.layout.body_count
+        self._termination.up = self._up
+        self._termination.height = _threshold(cfg.termination_height)
+        self._termination.up_min = _threshold(cfg.termination_up)
         self._forward = wp.vec3(*cfg.forward)
         self._ended = wp.zeros(self.world_count, dtype=wp.int32, device=device)
 
@@ -1242,7 +1247,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             self.solver.step(source, target, self.controls[slot], contacts, self.substep_dt)
             source = target
         wp.launch(
-            _survive, dim=self.world_count, inputs=[last.body_q, self._termination(), self.current(t).alive],
+            _survive, dim=self.world_count, inputs=[last.body_q, self._termination, self.current(t).alive],
             outputs=[last.alive], device=self.device,
         )  # fmt: skip
         touching = self._touching[slot]
@@ -1296,15 +1301,9 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
 
     def terminated(self, t: int, out: wp.array) -> None:
         wp.launch(
-            _terminated, dim=self.world_count, inputs=[self.state(t).body_q, self._termination()], outputs=[out],
+            _terminated, dim=self.world_count, inputs=[self.state(t).body_q, self._termination], outputs=[out],
             device=self.device,
         )  # fmt: skip
-
-    def _termination(self) -> _Termination:
-        rule = _Termination()
-        rule.root, rule.body_count, rule.up = self.layout.root_body, self.layout.body_count, self._up
-        rule.height, rule.up_min = _threshold(self.config.termination_height), _threshold(self.config.termination_up)
-        return rule
 
     def control_at(self, t: int) -> newton.Control:
         return self.controls[self.store(t)]

@@ -91,6 +91,15 @@ class ChunkTable:
             chunk_packed=wp.array(np.array(packed, np.int32), dtype=wp.int32, device=device),
         )
 
+    def kernel_inputs(self, base: int, *, grouped: bool = True) -> list[Any]:
+        """The first arguments of a kernel over these chunks (``base``, ``zero``, ``chunk_offset``,
+        ``chunk_length`` and, when ``grouped``, ``chunk_group``): the pointer the byte offsets are
+        relative to, and a zero of the scalar type that picks the kernel's overload."""
+        inputs = [wp.uint64(base), self.scalar_type(0.0), self.chunk_offset, self.chunk_length]
+        if grouped:
+            inputs.append(self.chunk_group)
+        return inputs
+
     @staticmethod
     def for_ranges(params: Any, ranges: Sequence[tuple[int, int]]) -> ChunkTable:
         """One group per ``(offset, length)`` range, in float32 scalars, of a ParamSet's flat

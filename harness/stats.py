@@ -30,7 +30,7 @@ import warp as wp
 from harness.chunks import ChunkTable, chunk_view
 from harness.params import ParamSet
 
-__all__ = ["FlatStats", "GroupNorms", "chunk_inputs", "norm_kind", "scalar_type_of"]
+__all__ = ["FlatStats", "GroupNorms", "norm_kind", "scalar_type_of"]
 
 
 @wp.kernel
@@ -276,16 +276,6 @@ def scalar_type_of(dtype: type) -> type:
     return scalar
 
 
-def chunk_inputs(table: ChunkTable, base: int, *, grouped: bool = True) -> list[Any]:
-    """The first arguments of a kernel over the chunks of ``table`` (``base``, ``zero``,
-    ``chunk_offset``, ``chunk_length`` and, when ``grouped``, ``chunk_group``): the pointer the
-    byte offsets are relative to, and a zero of the scalar type that picks the kernel's overload."""
-    inputs = [wp.uint64(base), table.scalar_type(0.0), table.chunk_offset, table.chunk_length]
-    if grouped:
-        inputs.append(table.chunk_group)
-    return inputs
-
-
 @wp.kernel
 def _group_zero_kernel(acc: wp.array(dtype=wp.float64), nan_count: wp.array(dtype=wp.int32)):
     g = wp.tid()
@@ -453,7 +443,7 @@ class GroupNorms:
             _group_reduce_kernel,
             dim=table.chunk_count,
             inputs=[
-                *chunk_inputs(table, base),
+                *table.kernel_inputs(base),
                 self.kind,
                 wp.float64(self.p),
                 self._acc,

@@ -17,7 +17,6 @@ from typing import Any
 import warp as wp
 
 from harness.chunks import ChunkTable, chunk_view
-from harness.stats import chunk_inputs
 
 MODE_GLOBAL, MODE_PER_GROUP, MODE_AGC = 0, 1, 2
 """How :func:`launch_scale_groups` turns norms into a scale: one global coefficient, one per
@@ -348,7 +347,7 @@ def launch_scale_groups(
         scale_groups_kernel,
         dim=(table.chunk_count, max(lanes, 1)),
         inputs=[
-            *chunk_inputs(table, base),
+            *table.kernel_inputs(base),
             max(lanes, 1),
             mode,
             wp.float64(max_norm),
@@ -372,6 +371,6 @@ def launch_clamp(table: ChunkTable, base: int, clip_value: float, coef: wp.array
     wp.launch(
         clamp_chunks_kernel,
         dim=table.chunk_count,
-        inputs=[*chunk_inputs(table, base, grouped=False), wp.float64(clip_value), coef, clipped],
+        inputs=[*table.kernel_inputs(base, grouped=False), wp.float64(clip_value), coef, clipped],
         device=coef.device,
     )
