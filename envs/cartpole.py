@@ -127,6 +127,23 @@ def _apply_cart_force(
 
 
 @wp.kernel
+def _apply_cart_forces(
+    actions: wp.array3d(dtype=wp.float32),
+    dofs_per_world: int,
+    cart_dof: int,
+    clamp: int,
+    limit: float,
+    joint_f: wp.array2d(dtype=wp.float32),
+):
+    # _apply_cart_force of every step in one launch (act_all: the rollout's rows are its steps)
+    t, world = wp.tid()
+    force = actions[t, world, 0]
+    if clamp != 0:
+        force = clamp_adjoint(force, limit)
+    joint_f[t, world * dofs_per_world + cart_dof] = force
+
+
+@wp.kernel
 def _record_dofs(
     source: wp.array(dtype=wp.float32),
     base: wp.array(dtype=wp.int32),
@@ -136,6 +153,23 @@ def _record_dofs(
 ):
     world, dof = wp.tid()
     out[base[0] + offset, world, dof] = source[world * dofs_per_world + dof]
+
+
+@wp.kernel
+def _record_q_qd(
+    joint_q: wp.array(dtype=wp.float32),
+    joint_qd: wp.array(dtype=wp.float32),
+    base: wp.array(dtype=wp.int32),
+    offset_q: int,
+    offset_qd: int,
+    dofs_per_world: int,
+    out_q: wp.array3d(dtype=wp.float32),
+    out_qd: wp.array3d(dtype=wp.float32),
+):
+    # _record_dofs of joint_q and of joint_qd in one launch
+    world, dof = wp.tid()
+    out_q[base[0] + offset_q, world, dof] = joint_q[world * dofs_per_world + dof]
+    out_qd[base[0] + offset_qd, world, dof] = joint_qd[world * dofs_per_world + dof]
 
 
 @wp.kernel
@@ -357,6 +391,23 @@ class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentable):
             device=self.device,
         )
 
+    def act_all(self, actions: wp.array) -> bool:
+        """Every step's cart force in one launch (the task knows them all before step 0), unless
+        the per-step rows hold one segment only, or a subclass overrides :meth:`act` (it gets
+        its call at every step)."""
+        if self.steps_kept != self.horizon or type(self).act is not CartpoleEnv.act:
+            return False
+        self._actions = actions
+        clamp = self.config.force_adjoint_clamp
+        wp.launch(
+            _apply_cart_forces,
+            dim=(self.horizon, self.world_count),
+            inputs=[actions, DOFS_PER_WORLD, CART_DOF, int(clamp is not None), clamp or 0.0],
+            outputs=[self.joint_f],
+            device=self.device,
+        )
+        return True
+
     def step(self, t: int) -> None:
         scratch = self.scratch[self.slot(t)] if self.config.per_step_scratch else self._solver_scratch
         for name, array in scratch.items():
@@ -365,8 +416,18 @@ class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentable):
 
     def write_observables(self, t: int) -> None:
         state = self.state(t + 1)
-        for name in ("joint_q", "joint_qd"):
-            row = self.row(name, t)
+        rows = {name: self.row(name, t) for name in ("joint_q", "joint_qd")}
+        if None not in rows.values():  # both in one launch
+            wp.launch(
+                _record_q_qd,
+                dim=(self.world_count, DOFS_PER_WORLD),
+                inputs=[state.joint_q, state.joint_qd, self.segment_base, rows["joint_q"] - self._base,
+                        rows["joint_qd"] - self._base, DOFS_PER_WORLD],
+                outputs=[self.observed["joint_q"], self.observed["joint_qd"]],
+                device=self.device,
+            )  # fmt: skip
+            return
+        for name, row in rows.items():
             if row is not None:
                 wp.launch(
                     _record_dofs,
@@ -381,7 +442,7 @@ class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentable):
         self.observed.pop("controls", None)  # the applied forces are the actions themselves: no buffer
 
     def trajectory(self) -> Trajectory:
-        found = dict(self.observed)
+        found = super().trajectory()
         if "controls" in self._wanted:  # the applied forces, no copy
             if self._actions is None:  # a task that applies none (task=physical): zero force
                 self._actions = wp.zeros((self.horizon, self.world_count, 1), dtype=wp.float32, device=self.device)

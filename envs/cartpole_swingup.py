@@ -248,6 +248,27 @@ def _record_qd(
 
 
 @wp.kernel
+def _record_q_qd(
+    joint_q: wp.array(dtype=wp.float32),
+    joint_qd: wp.array(dtype=wp.float32),
+    base: wp.array(dtype=wp.int32),
+    offset_q: int,
+    offset_qd: int,
+    out_q: wp.array3d(dtype=wp.float32),
+    out_qd: wp.array3d(dtype=wp.float32),
+):
+    # _record_q and _record_qd in one launch
+    world = wp.tid()
+    row = base[0] + offset_q
+    theta = joint_q[world * 2 + 1]
+    out_q[row, world, 0] = joint_q[world * 2 + 0]
+    out_q[row, world, 1] = wp.atan2(wp.sin(theta), wp.cos(theta))
+    row = base[0] + offset_qd
+    out_qd[row, world, 0] = joint_qd[world * 2 + 0]
+    out_qd[row, world, 1] = joint_qd[world * 2 + 1]
+
+
+@wp.kernel
 def _observe(
     joint_q: wp.array(dtype=wp.float32),
     joint_qd: wp.array(dtype=wp.float32),
@@ -468,6 +489,16 @@ class CartpoleSwingupEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentabl
 
     def write_observables(self, t: int) -> None:
         state = self.state(t + 1)
+        row_q, row_qd = self.row("joint_q", t), self.row("joint_qd", t)
+        if row_q is not None and row_qd is not None:  # both in one launch
+            wp.launch(
+                _record_q_qd,
+                dim=self.world_count,
+                inputs=[state.joint_q, state.joint_qd, self.segment_base, row_q - self._base, row_qd - self._base],
+                outputs=[self.observed["joint_q"], self.observed["joint_qd"]],
+                device=self.device,
+            )
+            return
         for name, kernel in (("joint_q", _record_q), ("joint_qd", _record_qd)):
             row = self.row(name, t)
             if row is not None:
@@ -484,7 +515,7 @@ class CartpoleSwingupEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentabl
         self.observed.pop("controls", None)  # the applied actions have their own buffer (act writes it)
 
     def trajectory(self) -> Trajectory:
-        found = dict(self.observed)
+        found = super().trajectory()
         mode = self._wanted.get("controls")
         if mode is not None:
             found["controls"] = self.applied if mode == "all" else self.applied[self.horizon - 1 : self.horizon]

@@ -840,10 +840,15 @@ def _survive(
     rule: _Termination,
     before: wp.array(dtype=wp.float32),
     after: wp.array(dtype=wp.float32),
+    touching: wp.array(dtype=wp.int32),
 ):
-    # alive after the step: alive before it, and the step's result does not end the episode
+    # alive after the step: alive before it, and the step's result does not end the episode; and
+    # the world's row of the step's contact marks cleared for _mark_contacts (no gradient: an int
+    # array; in this launch rather than a memset of its own)
     w = wp.tid()
     after[w] = wp.where(_ends(body_q, w, rule), 0.0, before[w])
+    for b in range(rule.body_count):
+        touching[w * rule.body_count + b] = 0
 
 
 @wp.kernel
@@ -1246,15 +1251,17 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
                 self._damp(source, contacts)
             self.solver.step(source, target, self.controls[slot], contacts, self.substep_dt)
             source = target
+        touching = self._touching[slot]
+        if self.model.body_count != self.world_count * self.layout.body_count:  # bodies _survive does not clear
+            touching.zero_()
         wp.launch(
             _survive, dim=self.world_count, inputs=[last.body_q, self._termination, self.current(t).alive],
-            outputs=[last.alive], device=self.device,
+            outputs=[last.alive, touching], device=self.device,
         )  # fmt: skip
-        touching = self._touching[slot]
-        touching.zero_()
+        # marks without a gradient: not on the tape (no adjoint launch)
         wp.launch(
             _mark_contacts, dim=contacts.rigid_contact_max, inputs=[last.body_q, _contact_set(self.model, contacts)],
-            outputs=[touching], device=self.device,
+            outputs=[touching], device=self.device, record_tape=False,
         )  # fmt: skip
 
     def _damp(self, state: newton.State, contacts: newton.Contacts) -> None:
@@ -1300,9 +1307,10 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         )  # fmt: skip
 
     def terminated(self, t: int, out: wp.array) -> None:
+        # flags without a gradient: not on the tape (no adjoint launch)
         wp.launch(
             _terminated, dim=self.world_count, inputs=[self.state(t).body_q, self._termination], outputs=[out],
-            device=self.device,
+            device=self.device, record_tape=False,
         )  # fmt: skip
 
     def control_at(self, t: int) -> newton.Control:

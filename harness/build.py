@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness import init_warp, targets
 from harness.config import (
@@ -65,6 +65,7 @@ class Run:
     nonfinite: str = "skip"  # clip.nonfinite: the wrapper around the trainer's update
     rules: dict[str, Any] = dataclasses.field(default_factory=dict)
     diagnose: Any = None  # the diagnose section: harness.config.DiagnoseSettings
+    device_note: str = ""  # why settings.device is the device: "device=cpu", or device=null's choice and reason
 
     def trainer(self, settings: TrainSettings | None = None) -> Any:
         """The :class:`~harness.training.Trainer` of this run (optionally with other loop settings)."""
@@ -192,7 +193,8 @@ def _validate(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> Run:
         task.check_segments(steps, env_fields)
     except ValueError as exc:
         raise ConfigError(first_line(exc)) from None
-    check_capture_setting(checked.settings, env_class)
+    settings, device_note = _resolve_device(checked.settings, task.training_config(env_fields).world_count)
+    check_capture_setting(settings, env_class)
     clip, nonfinite, adjoint = build_clip(cfg)
     rules = {}
     for group, where in task.group_settings().items():
@@ -208,12 +210,24 @@ def _validate(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> Run:
         adjoint=adjoint,
         nonfinite=nonfinite,
         schedule=_instantiate(cfg, "schedule") if cfg.get("schedule") is not None else None,
-        settings=checked.settings,
+        settings=settings,
         task=task,
         segment_steps=steps,
         rules=rules,
         diagnose=checked.diagnose,
+        device_note=device_note,
     )
+
+
+def _resolve_device(settings: TrainSettings, world_count: int) -> tuple[TrainSettings, str]:
+    """``settings`` with ``device=null`` replaced by the device chosen for ``world_count``
+    worlds (:func:`harness.devices.choose`), and the phrase saying why."""
+    if settings.device is not None:
+        return settings, f"device={settings.device}"
+    from harness import devices
+
+    name, why = devices.choose(world_count)
+    return dataclasses.replace(settings, device=name), why
 
 
 _PREBUILT: dict[tuple[str, str | None, int | None], Any] = {}
@@ -369,8 +383,6 @@ def diagnose_memory_config(cfg: DictConfig, choices: Mapping[str, Any], run: Run
     captured graphs (:mod:`harness.diagnose`), else on one tape."""
     import copy
 
-    from omegaconf import open_dict
-
     from harness.memory import shares_segment_graphs
 
     settings = run.diagnose
@@ -455,8 +467,6 @@ def evaluation_config(cfg: DictConfig, task_class: Any = None) -> None:
     """Turn a run's composed config into the one it is evaluated with, in place: no segments,
     and every task setting that only shapes training (:attr:`harness.tasks.Task.training_only`,
     such as a policy's ``window``) unset: a run is evaluated over whole episodes."""
-    from omegaconf import open_dict
-
     with open_dict(cfg):
         cfg.memory.segment_steps = None
         for key in getattr(task_class, "training_only", ()):
@@ -630,3 +640,24 @@ def check_evaluation_memory(folder: Any, overrides: list[str], *, device: str | 
     check_memory(
         cfg, run, env_config=env_config, training=False, error=lambda line: RunError(f"{folder.command}: {line}")
     )
+
+
+def tiny_iteration(cfg: Any, choices: Any) -> None:
+    """Build the run of ``cfg`` at its shortest (one step, the task's evaluation settings: no
+    windows; its own world count, which a task may tie other settings to) and run one
+    iteration, its log-step work and its evaluation: every kernel an iteration of the full run
+    launches (a captured iteration records the same ones).
+    ``cfg`` is changed in place.
+
+    Raises:
+        harness.config.ConfigError: The config does not build (one line).
+    """
+    evaluation_config(cfg, task_class(cfg))  # one step: no windows
+    with open_dict(cfg):
+        cfg.env.horizon = 1
+    run = build_run(cfg, choices)
+    settings = TrainSettings(iterations=1, log_every=1, seed=run.settings.seed, device=run.settings.device)
+    trainer = run.trainer(settings)
+    trainer.step.run()
+    trainer.step.log_values()
+    trainer.step.evaluate()

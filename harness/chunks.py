@@ -3,8 +3,9 @@
 Every reduction and every copy over many arrays at once walks a :class:`ChunkTable`: the
 statistics of a flat gradient (one group per named parameter), the p-norms of the clip
 policies (per parameter, per AGC unit) and of :func:`harness.clip.clip_grad_norm_` (per
-array of a list), the value clamp, and :class:`harness.clip.SkipGuard`'s copy of the
-parameters and the optimizer state (as 32-bit words). A chunk never straddles two ranges,
+array of a list), the value clamp, :class:`harness.clip.SkipGuard`'s copy of the
+parameters and the optimizer state (as 32-bit words), and :class:`harness.zeroing.FusedZero`'s
+zeroing of an env's gradient buffers (32-bit words too). A chunk never straddles two ranges,
 so one launch with one thread per chunk serves every group with one atomic per chunk,
 however many arrays there are (the Warp counterpart of PyTorch's ``foreach`` kernels).
 

@@ -66,7 +66,8 @@ class TrainSettings:
         iterations: Optimisation steps.
         log_every: Read back, write TensorBoard and print progress every N iterations.
         seed: Run seed (the env's initial conditions are drawn from it).
-        device: Warp device name; None picks Warp's preferred device.
+        device: Warp device name (``cuda`` is read as ``cuda:0``); None: the faster device for
+            the run (:func:`harness.devices.choose`), resolved by :func:`harness.build.validate`.
         checkpoint_every: Write a checkpoint every N iterations (0: only at the end and on
             SIGINT/SIGTERM).
         checkpoint_keep: How many of the newest checkpoints to keep.
@@ -231,18 +232,15 @@ def require_env(cfg: DictConfig) -> None:
 
 
 def check_device(name: str | None) -> str | None:
-    """Accept None (Warp's preferred device) or the name of a device Warp sees."""
-    if name is None:
-        return None
-    import warp as wp
+    """Accept None (the faster device for the run: :func:`harness.devices.choose`) or a device
+    name Warp takes (``cpu``, ``cuda``, ``cuda:N``); returns the device's alias (``cuda`` ->
+    ``cuda:0``) or None."""
+    from harness import devices
 
-    from harness import init_warp
-
-    init_warp(check_environment=False)  # Warp lists its devices once initialised: no CUDA driver warning
-    names = [d.alias for d in wp.get_devices()]
-    if str(name) not in names:
-        raise ConfigError(f"device: '{name}' is not available here; accepted: null (preferred), {', '.join(names)}")
-    return str(name)
+    try:
+        return devices.check(name)
+    except devices.DeviceError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_env_fields(cfg: DictConfig) -> tuple[Any, Any]:
@@ -323,8 +321,7 @@ def train_settings(cfg: DictConfig) -> Any:
         settings = build(TrainSettings, values, prefix="", ignore=TOP_LEVEL_SECTIONS)
     except SchemaError as exc:
         raise ConfigError(str(exc)) from None
-    check_device(settings.device)
-    return settings
+    return dataclasses.replace(settings, device=check_device(settings.device))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -307,6 +307,19 @@ class Env(abc.ABC):
         """Hand step ``t`` its action: row ``t`` of ``actions``, float32 ``(rows, world_count, action_dim)``."""
         raise NotImplementedError(f"env '{self.name}' takes no actions")
 
+    def act_all(self, actions: wp.array) -> bool:
+        """Hand every step of the coming rollout its action at once, before step 0, where all of
+        them are known then (``task=open_loop``): one launch where :meth:`act` takes one a step.
+        ``actions`` as :meth:`act` takes them, a row per step of the rollout.
+
+        Returns:
+            True when done: no :meth:`act` follows in this rollout. False (the default; an env
+            whose per-step storage holds one segment only; one whose subclass overrides
+            :meth:`act`, which expects its call at every step): nothing was done, and the task
+            calls :meth:`act` at every step.
+        """
+        return False
+
     @abc.abstractmethod
     def step(self, t: int) -> None:
         """Advance state ``t`` to state ``t + 1``."""
@@ -438,7 +451,8 @@ class Terminates(abc.ABC):
     @abc.abstractmethod
     def terminated(self, t: int, out: wp.array) -> None:
         """Write 1 into ``out`` (int32 ``(world_count,)``) where state ``t`` (before any restart)
-        ends its episode early, 0 elsewhere: a recorded launch without a gradient."""
+        ends its episode early, 0 elsewhere: a launch without a gradient, captured with the
+        rollout; it need not be on the tape (its adjoint would do nothing)."""
 
 
 class Segmentable(abc.ABC):

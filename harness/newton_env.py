@@ -9,7 +9,8 @@ new env writes only its scene, its solver, its observables and its quantities:
 - ``reset`` copies the initial state (``self.initial``, per state field) into state 0;
 - ``step`` clears forces and calls ``solver.step`` with the step's control and contacts;
 - ``zero_grad`` zeroes the gradient of every array of the model, the solver and every
-  State, and of what :meth:`NewtonEnv.extra_arrays` and :meth:`NewtonEnv.step_arrays` add;
+  State, and of what :meth:`NewtonEnv.extra_arrays` and :meth:`NewtonEnv.step_arrays` add, in
+  one launch (:mod:`harness.zeroing`: one graph node where a memset per buffer took hundreds);
 - observables requested with ``steps: last`` only are recorded once (one row);
 - the roles it can play for any Newton model: :class:`~harness.env.CarriesState` (the
   last state kept and carried), :class:`~harness.env.Identifiable` (quantities of the
@@ -39,6 +40,7 @@ import warp as wp
 
 from harness.env import CarriesState, Env, EnvConfig, Identifiable, Renderable, Trajectory, array_grads, host_rng
 from harness.schema import field
+from harness.zeroing import FusedZero
 
 __all__ = ["NewtonEnv", "NewtonEnvConfig", "finalize_worlds", "world_targets"]
 
@@ -89,6 +91,54 @@ def _restart_kernel(
         after[i] = fresh[i]
     else:
         after[i] = before[i]
+
+
+@wp.kernel
+def _restart4_kernel(
+    done: wp.array(dtype=wp.int32),
+    per_world_0: int,
+    fresh_0: wp.array(dtype=wp.float32),
+    before_0: wp.array(dtype=wp.float32),
+    per_world_1: int,
+    fresh_1: wp.array(dtype=wp.float32),
+    before_1: wp.array(dtype=wp.float32),
+    per_world_2: int,
+    fresh_2: wp.array(dtype=wp.float32),
+    before_2: wp.array(dtype=wp.float32),
+    per_world_3: int,
+    fresh_3: wp.array(dtype=wp.float32),
+    before_3: wp.array(dtype=wp.float32),
+    after_0: wp.array(dtype=wp.float32),
+    after_1: wp.array(dtype=wp.float32),
+    after_2: wp.array(dtype=wp.float32),
+    after_3: wp.array(dtype=wp.float32),
+):
+    # _restart_kernel for up to four float32 fields in one launch (an unused slot has size 0).
+    i = wp.tid()
+    if i < after_0.shape[0]:
+        if done[i // per_world_0] != 0:
+            after_0[i] = fresh_0[i]
+        else:
+            after_0[i] = before_0[i]
+    if i < after_1.shape[0]:
+        if done[i // per_world_1] != 0:
+            after_1[i] = fresh_1[i]
+        else:
+            after_1[i] = before_1[i]
+    if i < after_2.shape[0]:
+        if done[i // per_world_2] != 0:
+            after_2[i] = fresh_2[i]
+        else:
+            after_2[i] = before_2[i]
+    if i < after_3.shape[0]:
+        if done[i // per_world_3] != 0:
+            after_3[i] = fresh_3[i]
+        else:
+            after_3[i] = before_3[i]
+
+
+RESTART_SLOTS = 4
+"""Fields :func:`_restart4_kernel` selects in one launch."""
 
 
 @wp.kernel
@@ -174,6 +224,10 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         self.initial = {name: wp.clone(getattr(self.states[0], name), requires_grad=True) for name in self.state_fields}
         self._built_initial = {name: self.initial[f].numpy().copy() for name, f in self.initial_quantities.items()}
         self.control = self.model.control()
+        # zero_grad and zero_segment_grad: every gradient buffer in one launch (harness.zeroing)
+        self._zero_all = FusedZero(self.device)
+        self._zero_segment = FusedZero(self.device)
+        self._empty = wp.empty(0, dtype=wp.float32, device=self.device)  # an unused slot of _restart4_kernel
         self.request(self._wanted)  # sets self.observed
 
     def new_state(self, *, requires_grad: bool = True) -> Any:
@@ -249,14 +303,31 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
     def restart(self, t: int, done: wp.array, key: wp.array) -> None:
         """Worlds whose ``done`` is 1 continue from a fresh draw (``draw_initial(key)``, written into
         :attr:`initial`), the others from state ``t``; the result is :meth:`current` (t). The
-        selection is a recorded launch whose adjoint passes nothing into an ended world."""
+        selection is a recorded launch (one for up to :data:`RESTART_SLOTS` float32 fields, one per
+        field of another dtype) whose adjoint passes nothing into an ended world."""
         self.draw_initial(key)
         source, target = self.state(t), self._starts[self.slot(t)]
+        fused = []  # float32 fields: up to RESTART_SLOTS of them per launch
         for name in self.state_fields:
             fresh, old, new = self.initial[name], getattr(source, name), getattr(target, name)
+            if new.dtype == wp.float32 and fresh.dtype == old.dtype == wp.float32:
+                fused.append((fresh.flatten(), old.flatten(), new.flatten()))
+                continue
             wp.launch(
                 _restart_kernel, dim=new.size, inputs=[done, new.size // self.world_count, fresh.flatten(),
                 old.flatten()], outputs=[new.flatten()], device=self.device,
+            )  # fmt: skip
+        for first in range(0, len(fused), RESTART_SLOTS):
+            group = fused[first : first + RESTART_SLOTS]
+            inputs: list[Any] = [done]
+            for fresh, old, new in group:
+                inputs += [new.size // self.world_count, fresh, old]
+            empty = self._empty
+            inputs += [1, empty, empty] * (RESTART_SLOTS - len(group))
+            outputs = [new for _, _, new in group] + [empty] * (RESTART_SLOTS - len(group))
+            wp.launch(
+                _restart4_kernel, dim=max(new.size for _, _, new in group), inputs=inputs, outputs=outputs,
+                device=self.device,
             )  # fmt: skip
 
     def step_arrays(self) -> list[wp.array]:
@@ -311,7 +382,7 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
                 )  # fmt: skip
 
     def zero_segment_grad(self) -> None:
-        _zero_grads(*self._all_state_arrays(), *self.step_arrays())
+        self._zero_segment.zero(_grads(*self._all_state_arrays(), *self.step_arrays()))
 
     def save_adjoint(self, t: int) -> None:
         state = _state_arrays(self.state(t))
@@ -447,28 +518,38 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         self.solver.step(state, following, self.control_at(t), self.contacts_at(t), self.dt)
 
     def trajectory(self) -> Trajectory:
+        """The observables; also brings :meth:`zero_grad`'s table of gradient buffers up to date
+        (outside a capture): the solver adds arrays to the States it steps into for the first time,
+        so the capture that follows a first eager rollout finds the table current (one launch,
+        not a memset per buffer; :mod:`harness.zeroing`). A subclass that overrides it calls it."""
+        self._zero_all.refresh(self._grad_buffers())
         return dict(self.observed)
 
     def state_arrays(self, t: int) -> list[wp.array]:
         state = self.state(t)
         return [getattr(state, name).reshape((self.world_count, -1)) for name in self.state_fields]
 
+    def _grad_buffers(self) -> list[wp.array]:
+        """Every gradient buffer :meth:`zero_grad` zeroes (walked at call time)."""
+        return [
+            *array_grads(self.model, self.solver, self.control),
+            *_grads(
+                *self._all_state_arrays(),
+                *self.initial.values(),
+                *self.observed.values(),
+                *self.extra_arrays(),
+                *self.step_arrays(),
+            ),
+        ]
+
     def zero_grad(self) -> None:
-        for grad in array_grads(self.model, self.solver, self.control):
-            grad.zero_()
-        _zero_grads(
-            *self._all_state_arrays(),
-            *self.initial.values(),
-            *self.observed.values(),
-            *self.extra_arrays(),
-            *self.step_arrays(),
-        )
+        """Zero every gradient the env owns: one launch for all of them (:mod:`harness.zeroing`;
+        a memset per buffer inside a capture that finds the buffers changed)."""
+        self._zero_all.zero(self._grad_buffers())
 
 
-def _zero_grads(*arrays: wp.array) -> None:
-    for array in arrays:
-        if array.grad is not None:
-            array.grad.zero_()
+def _grads(*arrays: wp.array) -> list[wp.array]:
+    return [array.grad for array in arrays if array.grad is not None]
 
 
 def _state_arrays(state: Any) -> dict[str, wp.array]:

@@ -1,4 +1,4 @@
-"""Multilayer perceptrons on the device, each call one fused kernel (a C++ one on the CPU).
+"""Multilayer perceptrons on the device, each call one fused kernel (generated C++ by default).
 
 An :class:`MLP` is a description (widths, activation, LayerNorm, output transform) and the
 :class:`~harness.params.ParamSpec` list of its parameters; their values live in a
@@ -17,16 +17,16 @@ Parameter names, under an optional prefix (``critic.``) so that one ParamSet may
 MLPs: ``l1.weight`` ``(out, in)``, ``l1.bias`` ``(out,)``, ``l1.norm.weight`` and
 ``l1.norm.bias`` ``(out,)`` with LayerNorm, ``l2.weight``, ..., ``out.weight``, ``out.bias``.
 
-One kernel per call, two code paths
------------------------------------
+One kernel per call, three code paths
+-------------------------------------
 Every layer (the product, the bias, the activation, LayerNorm, the output transform) runs
 inside one kernel, launched once per call. The kernel reads the parameters straight from the
 ParamSet's flat buffer (``params.data``, at offsets passed by value), so backward adds every
 parameter's gradient into ``params.grad`` itself. Nothing between layers is stored: the
-backward kernel recomputes the block's forward pass, so a call needs no buffer of its own and
-an :class:`MLP` holds nothing but its description (making one per call is cheap; the kernels
-are cached by shape, process-wide). Two kernels implement the same layers (:data:`PATHS`,
-:meth:`MLP.path`):
+backward kernel recomputes the block's (or the row's) forward pass, so a call needs no buffer
+of its own and an :class:`MLP` holds nothing but its description (making one per call is
+cheap; the kernels are cached by shape, process-wide). Three kernels implement the same
+layers (:data:`PATHS`, :meth:`MLP.path`):
 
 - the **tile path**, any device: one Warp tile kernel over blocks of ``P`` rows
   (``wp.tile_matmul``; :meth:`MLP.tile_width`), its backward Warp's adjoint of it;
@@ -37,13 +37,29 @@ are cached by shape, process-wide). Two kernels implement the same layers (:data
   and 0.41 ms backward there against 1.24 and 2.31 ms on the tile path and 0.55 and 0.54 ms
   in torch on one thread (scripts/bench_nn.py). The two agree to float32 rounding (they sum
   in different orders; tests/test_nn.py runs both on the CPU against float64 references and
-  each other).
+  each other);
+- the **rows path**, the default on CUDA: one C++ kernel (:mod:`harness.nn_rows`) from the
+  same descriptions, a thread per row, its backward hand-written too (each thread recomputes
+  its row and adds its terms of the gradients atomically). The reason is compile time: NVRTC
+  builds the tile kernel of SHAC's Ant actor (37 -> 128 -> 64 -> 32 -> 8, LayerNorm; the
+  module holds forward and backward) for sm_90 in 100 to 174 s of CPU on this project's
+  2-core machine (two measurements, the machine shared with trainings), and took 4.5 minutes
+  and a MathDx link step on an H200 machine; the critic's (37 -> 64 -> 64 -> 1) in 99 s. The
+  rows kernels of a SHAC or BPTT run take 0.8 to 4.7 s each (the Ant actor's the longest;
+  scripts/bench_nn_compile.py). The same C++, with no device
+  branch, runs on the CPU with ``path="rows"`` (tests/test_nn_rows.py checks it there against
+  float64 references and the CPU path, and that NVRTC builds it for sm_90); there it is no
+  faster than the tile path (SHAC's critic over 512 rows: about 1.1 ms forward, 1.3 ms
+  backward), so the CPU keeps the CPU path. Its speed on a GPU is not measured yet (the
+  machine has none): the atomic adds, one per weight per row in backward, are its likely
+  cost. A network whose row needs more than :data:`harness.nn_rows.ROW_BUDGET` of local
+  arrays takes the tile path.
 
 :class:`Regression` does a regression's minibatch step (SHAC's critic): forward, the mean
 squared error and backward, the gradient written into ``params.grad``: one launch on the CPU
-path, a tape on the tile path.
+path, two memsets and a launch on the rows path, a tape on the tile path.
 
-Both ways to apply it, on either path, are recorded by a ``wp.Tape`` (gradients for the
+Both ways to apply it, on every path, are recorded by a ``wp.Tape`` (gradients for the
 inputs and every parameter) and capture-safe (after the first call, which compiles: no
 allocation, no host read, the same arrays at every call; the contract in :mod:`harness.env`):
 
@@ -93,7 +109,8 @@ from typing import Any
 import numpy as np
 import warp as wp
 
-from harness import nn_cpu
+from harness import compile as kernel_compile
+from harness import nn_cpu, nn_rows
 from harness.params import ParamSet, ParamSpec
 
 __all__ = [
@@ -154,11 +171,13 @@ CPU_TILE_ARENA = 256 * 1024
 _CUDA_BLOCK_DIM = 64
 """Threads per block on CUDA (a CPU block is one thread)."""
 
-PATHS = ("auto", "tile", "cpu")
+PATHS = ("auto", "tile", "cpu", "rows")
 """How a call runs (the module docstring): ``tile``, the fused tile kernel (any device);
-``cpu``, the C++ kernel of :mod:`harness.nn_cpu` (CPU only); ``auto``, ``cpu`` on the CPU for
-an MLP whose buffers fit :data:`harness.nn_cpu.STACK_BUDGET` unless a tile width is given,
-else ``tile``."""
+``cpu``, the C++ kernel of :mod:`harness.nn_cpu` (CPU only); ``rows``, the C++ kernel of
+:mod:`harness.nn_rows`, a thread per row (any device); ``auto``, unless a tile width is given
+(then ``tile``): ``cpu`` on the CPU for an MLP whose buffers fit
+:data:`harness.nn_cpu.STACK_BUDGET`, ``rows`` on CUDA for one whose fit
+:data:`harness.nn_rows.ROW_BUDGET`, else ``tile``."""
 
 _FLOAT_BYTES = 4
 _TILE_ALIGN = 16
@@ -335,28 +354,41 @@ class MLP:
     # -- which code runs -------------------------------------------------------------------------
 
     def path(self, device: wp.DeviceLike = None, path: str = "auto", *, tile_width: int | None = None) -> str:
-        """``tile`` or ``cpu``: how a call on ``device`` runs (:data:`PATHS`).
+        """``tile``, ``cpu`` or ``rows``: how a call on ``device`` runs (:data:`PATHS`).
 
         Raises:
-            ValueError: An unknown path, ``cpu`` on another device or for an MLP too wide for
-                it, or a tile width with the ``cpu`` path.
+            ValueError: An unknown path, ``cpu`` on another device, ``cpu`` or ``rows`` for an
+                MLP too wide for it or with a tile width.
         """
         if path not in PATHS:
             raise ValueError(f"{self!r}: path={path!r}; accepted: {', '.join(map(repr, PATHS))}")
         device = wp.get_device(device)
-        fits = nn_cpu.stack_bytes(self._keys()) <= nn_cpu.STACK_BUDGET
+        keys = self._keys()
+        fits_cpu = nn_cpu.stack_bytes(keys) <= nn_cpu.STACK_BUDGET
+        fits_rows = nn_rows.row_bytes(keys) <= nn_rows.ROW_BUDGET
         if path == "auto":
-            return "cpu" if device.is_cpu and fits and tile_width is None else "tile"
+            if tile_width is not None:
+                return "tile"
+            if device.is_cpu and not kernel_compile.cuda_kernels():
+                return "cpu" if fits_cpu else "tile"
+            return "rows" if fits_rows else "tile"  # CUDA's choice (also while `harness compile` finds CUDA's kernels)
         if path == "cpu":
             if not device.is_cpu:
-                raise ValueError(f"{self!r}: path='cpu' runs on the CPU, not on {device}; accepted: 'auto' or 'tile'")
-            if not fits:
                 raise ValueError(
-                    f"{self!r}: path='cpu' needs {nn_cpu.stack_bytes(self._keys())} bytes of stack, over the "
+                    f"{self!r}: path='cpu' runs on the CPU, not on {device}; accepted: 'auto', 'tile' or 'rows'"
+                )
+            if not fits_cpu:
+                raise ValueError(
+                    f"{self!r}: path='cpu' needs {nn_cpu.stack_bytes(keys)} bytes of stack, over the "
                     f"{nn_cpu.STACK_BUDGET} allowed; accepted: 'auto' or 'tile'"
                 )
-            if tile_width is not None:
-                raise ValueError(f"{self!r}: tile_width={tile_width} with path='cpu'; accepted: tile_width=None")
+        if path == "rows" and not fits_rows:
+            raise ValueError(
+                f"{self!r}: path='rows' needs {nn_rows.row_bytes(keys)} bytes of local arrays per row, over the "
+                f"{nn_rows.ROW_BUDGET} allowed; accepted: 'auto' or 'tile'"
+            )
+        if path in ("cpu", "rows") and tile_width is not None:
+            raise ValueError(f"{self!r}: tile_width={tile_width} with path={path!r}; accepted: tile_width=None")
         return path
 
     def _keys(self) -> tuple[tuple, ...]:
@@ -454,10 +486,16 @@ class MLP:
         if rows == 0:
             return
         device = params.device
-        if self.path(device, path, tile_width=tile_width) == "cpu":
-            kernel = nn_cpu.forward_kernel(self._keys(), self._eps(), gather, _offset_type(len(self.layers)))
+        chosen = self.path(device, path, tile_width=tile_width)
+        if chosen in ("cpu", "rows"):
+            make = nn_cpu.forward_kernel if chosen == "cpu" else nn_rows.forward_kernel
+            kernel = make(self._keys(), self._eps(), gather, _offset_type(len(self.layers)))
             wp.launch(
-                kernel, dim=1, inputs=[params.data, self._offsets(params), x, indices], outputs=[y], device=device
+                kernel,
+                dim=1 if chosen == "cpu" else rows,
+                inputs=[params.data, self._offsets(params), x, indices],
+                outputs=[y],
+                device=device,
             )
             return
         if tile_width is None:
@@ -517,6 +555,8 @@ class Regression:
     parameters), so the caller's optimizer can step on it:
 
     - path ``cpu``: one launch of :func:`harness.nn_cpu.mse_kernel` (forward, loss, backward);
+    - path ``rows``: zero the gradients and the loss (two memsets), then one launch of
+      :func:`harness.nn_rows.mse_kernel`, a thread per row adding its share of both;
     - path ``tile``: zero the gradients, forward (the tile kernel) and the loss on a
       ``wp.Tape``, backward: four launches, four zeroings and a copy of the loss; the tapes of
       the last :meth:`fit` are kept (a captured graph replays launches that reference them).
@@ -559,10 +599,14 @@ class Regression:
         into ``params.grad``."""
         first, batch, params = m * self.batch, self.batch, self.params
         device = params.device
-        if self.path == "cpu":
-            kernel = nn_cpu.mse_kernel(self.mlp._keys(), self.mlp._eps(), _offset_type(len(self.mlp.layers)))
+        if self.path in ("cpu", "rows"):
+            make = nn_cpu.mse_kernel if self.path == "cpu" else nn_rows.mse_kernel
+            kernel = make(self.mlp._keys(), self.mlp._eps(), _offset_type(len(self.mlp.layers)))
+            if self.path == "rows":  # the threads add their rows' shares: start from zero
+                params.zero_grad()
+                loss.zero_()
             wp.launch(
-                kernel, dim=1,
+                kernel, dim=1 if self.path == "cpu" else batch,
                 inputs=[params.data, self._offsets, self.x, self.targets, first, batch],
                 outputs=[params.grad, loss], device=device,
             )  # fmt: skip

@@ -94,15 +94,17 @@ relative), times ``2^n`` put together in the exponent bits. Below -87 it returns
 float32's precision either way). Within 2 ulp of the float64 ``exp`` (tests/test_nn.py)."""
 
 
-def _activation(kind: str | None) -> str:
-    """C++ that sets ``av`` (the activation of ``zv``) and ``dv`` (its derivative), branch-free."""
+def _activation(kind: str | None, exp: str = "exp_low") -> str:
+    """C++ that sets ``av`` (the activation of ``zv``) and ``dv`` (its derivative), branch-free;
+    ``exp``: the exponential ELU calls (:data:`_EXP`'s ``exp_low`` here, ``wp::exp`` on the rows
+    path, :mod:`harness.nn_rows`)."""
     if kind is None:
         return "const float av = zv; const float dv = 1.0f;"
     if kind == "tanh":
         return "const float av = wp::tanh(zv); const float dv = 1.0f - av * av;"
     if kind == "elu":
         return (
-            "const float e = exp_low(zv < 0.0f ? zv : 0.0f); const float av = zv > 0.0f ? zv : e - 1.0f;"
+            f"const float e = {exp}(zv < 0.0f ? zv : 0.0f); const float av = zv > 0.0f ? zv : e - 1.0f;"
             " const float dv = zv > 0.0f ? 1.0f : e;"
         )
     if kind == "relu":
@@ -411,6 +413,33 @@ def _mse_source(layers: tuple[tuple, ...], eps: float) -> str:
 # -- kernels ----------------------------------------------------------------------------------------
 
 
+def _forward_args(offsets_type: Any) -> dict[str, Any]:
+    """The arguments of a forward kernel, ``(theta, offsets, x, indices, y)`` (name -> Warp type;
+    this module's and :mod:`harness.nn_rows`')."""
+    return {
+        "theta": wp.array(dtype=wp.float32),
+        "offsets": offsets_type,
+        "x": wp.array2d(dtype=wp.float32),
+        "indices": wp.array(dtype=wp.int32),
+        "y": wp.array2d(dtype=wp.float32),
+    }
+
+
+def _mse_args(offsets_type: Any) -> dict[str, Any]:
+    """The arguments of a regression step's kernel, ``(theta, offsets, x, targets, first, rows,
+    grad, loss)`` (name -> Warp type; this module's and :mod:`harness.nn_rows`')."""
+    return {
+        "theta": wp.array(dtype=wp.float32),
+        "offsets": offsets_type,
+        "x": wp.array2d(dtype=wp.float32),
+        "targets": wp.array2d(dtype=wp.float32),
+        "first": int,
+        "rows": int,
+        "grad": wp.array(dtype=wp.float32),
+        "loss": wp.array(dtype=wp.float32),
+    }
+
+
 def _signature(function: Any, args: dict[str, Any]) -> Any:
     """``function`` with ``args`` (name -> Warp type, in order) as its annotations: a native
     snippet and the kernel that launches it take the same arguments, typed once."""
@@ -425,13 +454,7 @@ def forward_kernel(layers: tuple[tuple, ...], eps: float, gather: bool, offsets_
     key = ("forward", layers, eps, gather)
     if key not in _KERNELS:
         snippet, adjoint = _forward_source(layers, eps, gather)
-        args = {
-            "theta": wp.array(dtype=wp.float32),
-            "offsets": offsets_type,
-            "x": wp.array2d(dtype=wp.float32),
-            "indices": wp.array(dtype=wp.int32),
-            "y": wp.array2d(dtype=wp.float32),
-        }
+        args = _forward_args(offsets_type)
 
         def apply(theta, offsets, x, indices, y): ...
 
@@ -451,16 +474,7 @@ def mse_kernel(layers: tuple[tuple, ...], eps: float, offsets_type: Any) -> Any:
     every entry: 0 outside the MLP's parameters) its gradient, both written, not added."""
     key = ("mse", layers, eps)
     if key not in _KERNELS:
-        args = {
-            "theta": wp.array(dtype=wp.float32),
-            "offsets": offsets_type,
-            "x": wp.array2d(dtype=wp.float32),
-            "targets": wp.array2d(dtype=wp.float32),
-            "first": int,
-            "rows": int,
-            "grad": wp.array(dtype=wp.float32),
-            "loss": wp.array(dtype=wp.float32),
-        }
+        args = _mse_args(offsets_type)
 
         def step(theta, offsets, x, targets, first, rows, grad, loss): ...
 

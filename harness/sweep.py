@@ -44,15 +44,21 @@ class WarmKernelCache(Callback):
 
     Args:
         enabled: Set False (``hydra.callbacks.warm_kernel_cache.enabled=false``) to skip.
+        arch: Also compile the sweep's CUDA kernels for ``sm_<arch>``
+            (``hydra.callbacks.warm_kernel_cache.arch=90``), on the launching machine whether
+            or not it has a GPU: jobs on GPU nodes that share its ``WARP_CACHE_PATH`` compile
+            nothing (:mod:`harness.compile`, docs/gpu.md).
     """
 
-    def __init__(self, *, enabled: bool = True) -> None:
+    def __init__(self, *, enabled: bool = True, arch: int | None = None) -> None:
         self.enabled = enabled
+        self.arch = arch
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not self.enabled or config.get("env") is None:
             return
         from harness import build
+        from harness import compile as kernel_compile
         from harness import config as harness_config
 
         choices = dict(config.hydra.runtime.choices)
@@ -62,23 +68,25 @@ class WarmKernelCache(Callback):
         harness_config.apply_task_env_defaults(cfg, choices, [])
         start = time.perf_counter()
         try:
-            build.evaluation_config(cfg, build.task_class(cfg))  # one step: no windows
+            if self.arch is None:
+                build.tiny_iteration(cfg, choices)  # every kernel of an iteration
+                print(f"kernel cache warmed in {time.perf_counter() - start:.1f} s", flush=True)
+                return
             with open_dict(cfg):
-                cfg.env.horizon = 1
-                cfg.env.world_count = 1
-            run = build.build_run(cfg, choices)
-            settings = harness_config.TrainSettings(
-                iterations=1, log_every=1, seed=run.settings.seed, device=run.settings.device
-            )
-            trainer = run.trainer(settings)
-            trainer.step.run()  # every kernel of an iteration (a capture records the same kernels)
-            trainer.step.log_values()
-            trainer.step.evaluate()
+                cfg.device = "cpu"  # the modules are found on the CPU, with CUDA's kernels
+            with kernel_compile.record_loads(cuda=True) as loaded:
+                build.tiny_iteration(cfg, choices)
+            records = kernel_compile.compile_for_arch(loaded, int(self.arch))
         except Exception as exc:  # the jobs report their own refusals and failures, one line each
             line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             print(f"kernel cache warm-up skipped ({line})", file=sys.stderr, flush=True)
             return
-        print(f"kernel cache warmed in {time.perf_counter() - start:.1f} s", flush=True)
+        done = sum(r.compiled for r in records)
+        print(
+            f"kernel cache warmed for sm_{self.arch} in {time.perf_counter() - start:.1f} s "
+            f"({done} of {len(records)} modules compiled, the others were cached)",
+            flush=True,
+        )
 
 
 OUTCOME_FILE = "harness_outcome.json"

@@ -54,8 +54,9 @@ PATHS = ("tile", "cpu")
 
 def path_args(path: str) -> dict:
     """How a test calls a path: the tile kernel in blocks of WIDTH rows (several blocks, the last
-    one padded), or the CPU's C++ kernel (its blocks are BLOCK_ROWS = 32 rows)."""
-    return {"tile_width": WIDTH, "path": "tile"} if path == "tile" else {"path": "cpu"}
+    one padded), or a C++ kernel: the CPU's (its blocks are BLOCK_ROWS = 32 rows) or the rows
+    path's (tests/test_nn_rows.py)."""
+    return {"tile_width": WIDTH, "path": "tile"} if path == "tile" else {"path": path}
 
 
 def tolerance(mlp: MLP) -> float:
@@ -182,6 +183,64 @@ def warp_shared_bytes(mlp: MLP, width: int, gather: bool) -> tuple[int, int]:
     return forward, backward
 
 
+def as64(found: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One path's results as the expected values of another's (float64)."""
+    return {key: value.astype(np.float64) for key, value in found.items()}
+
+
+def rollout_inputs(rng: np.random.Generator, rows: int = ROWS) -> tuple:
+    """A closed loop's initial states (float32 values), its mixing matrix and the loss's weights."""
+    x0 = rng.normal(size=(rows, IN)).astype(np.float32).astype(np.float64)
+    return x0, rng.normal(scale=0.3, size=(OUT, IN)), rng.normal(size=(STEPS, rows, OUT))
+
+
+def reference_rollout(point: dict, config: dict, x0: np.ndarray, mix: np.ndarray) -> tuple:
+    """The closed loop of :func:`run_rollout` in float64: (the outputs of every step, the hidden
+    pre-activations of every step)."""
+    state, ys, pre = x0, [], []
+    for _ in range(STEPS):
+        out, z = reference(point, state, config, prefix="net.")
+        ys.append(out)
+        pre += z
+        state = state + out @ mix
+    return np.stack(ys), pre
+
+
+def run_rollout(mlp: MLP, params: ParamSet, x0: np.ndarray, mix: np.ndarray, c: np.ndarray, **call) -> tuple:
+    """``forward_step`` (with the keywords ``call``) in a closed loop over STEPS steps on one tape
+    (each step's input depends on the last output), then backward from ``sum(c * y)``: the
+    states ``x`` and outputs ``y``."""
+    x = wp.zeros((STEPS + 1, *x0.shape), dtype=float, requires_grad=True)
+    x[0].assign(x0)
+    y = wp.zeros(c.shape, dtype=float, requires_grad=True)
+    loss = wp.zeros(1, dtype=float, requires_grad=True)
+    mix_w, c_w = wp.array(mix, dtype=float), wp.array(c, dtype=float)
+    tape = wp.Tape()
+    with tape:
+        for t in range(STEPS):
+            mlp.forward_step(params, x, t, y, **call)
+            wp.launch(_feedback, dim=x0.shape, inputs=[x, t, y, mix_w])
+        wp.launch(_weighted_sum3, dim=y.shape, inputs=[y, c_w], outputs=[loss])
+    tape.backward(loss)
+    return x, y
+
+
+def run_forward(mlp: MLP, params: ParamSet, data: np.ndarray, c: np.ndarray, picked=None, **call) -> tuple:
+    """``mlp.forward`` (with the keywords ``call``) of the rows of ``data`` (gathered by
+    ``picked``) on one tape, then backward from ``sum(c * y)``: the inputs ``x`` and outputs
+    ``y``."""
+    x = wp.array(data, dtype=float, requires_grad=True)
+    y = wp.zeros(c.shape, dtype=float, requires_grad=True)
+    loss = wp.zeros(1, dtype=float, requires_grad=True)
+    indices = None if picked is None else wp.array(picked, dtype=wp.int32)
+    tape = wp.Tape()
+    with tape:
+        mlp.forward(params, x, y, indices=indices, **call)
+        wp.launch(_weighted_sum2, dim=y.shape, inputs=[y, wp.array(c, dtype=float)], outputs=[loss])
+    tape.backward(loss)
+    return x, y
+
+
 # -- gradients ------------------------------------------------------------------------------------
 
 
@@ -193,40 +252,17 @@ def test_per_step_rollout_gradients(name, path):
     config = CONFIGS[name]
     mlp, params = build(config, seed=1)
     point = values64(params, mlp)
-
-    def rollout(x0, mix):
-        state, ys, pre = x0, [], []
-        for _ in range(STEPS):
-            out, z = reference(point, state, config, prefix="net.")
-            ys.append(out)
-            pre += z
-            state = state + out @ mix
-        return np.stack(ys), pre
-
-    def draw(rng):
-        x0 = rng.normal(size=(ROWS, IN)).astype(np.float32).astype(np.float64)
-        return x0, rng.normal(scale=0.3, size=(OUT, IN)), rng.normal(size=(STEPS, ROWS, OUT))
-
-    x0, mix, c = kink_free(config, draw, lambda d: rollout(d[0], d[1])[1], seed=2)
-    x = wp.zeros((STEPS + 1, ROWS, IN), dtype=float, requires_grad=True)
-    x[0].assign(x0)
-    y = wp.zeros((STEPS, ROWS, OUT), dtype=float, requires_grad=True)
-    loss = wp.zeros(1, dtype=float, requires_grad=True)
-    mix_w, c_w = wp.array(mix, dtype=float), wp.array(c, dtype=float)
-    tape = wp.Tape()
-    with tape:
-        for t in range(STEPS):
-            mlp.forward_step(params, x, t, y, **path_args(path))
-            wp.launch(_feedback, dim=(ROWS, IN), inputs=[x, t, y, mix_w])
-        wp.launch(_weighted_sum3, dim=y.shape, inputs=[y, c_w], outputs=[loss])
-    tape.backward(loss)
+    x0, mix, c = kink_free(config, rollout_inputs, lambda d: reference_rollout(point, config, d[0], d[1])[1], seed=2)
+    x, y = run_rollout(mlp, params, x0, mix, c, **path_args(path))
     if path == "tile":
         assert warp_shared_bytes(mlp, WIDTH, False) == mlp.shared_bytes(WIDTH)
 
     tol = tolerance(mlp)
-    assert_close({"y": y.numpy()}, {"y": rollout(x0, mix)[0]}, tol)
+    assert_close({"y": y.numpy()}, {"y": reference_rollout(point, config, x0, mix)[0]}, tol)
     point["x0"] = x0
-    expected = central_differences(lambda: float(np.sum(c * rollout(point["x0"], mix)[0])), point)
+    expected = central_differences(
+        lambda: float(np.sum(c * reference_rollout(point, config, point["x0"], mix)[0])), point
+    )
     assert_close({**grads_of(params, mlp), "x0": x.grad.numpy()[0]}, expected, tol)
 
 
@@ -241,14 +277,7 @@ def test_batched_gradients(name, path):
         return rng.normal(size=(ROWS, IN)).astype(np.float32).astype(np.float64), rng.normal(size=(ROWS, OUT))
 
     xs, c = kink_free(config, draw, lambda d: reference(point, d[0], config, "net.")[1], seed=4)
-    x = wp.array(xs, dtype=float, requires_grad=True)
-    y = wp.zeros((ROWS, OUT), dtype=float, requires_grad=True)
-    loss = wp.zeros(1, dtype=float, requires_grad=True)
-    tape = wp.Tape()
-    with tape:
-        mlp.forward(params, x, y, **path_args(path))
-        wp.launch(_weighted_sum2, dim=y.shape, inputs=[y, wp.array(c, dtype=float)], outputs=[loss])
-    tape.backward(loss)
+    x, y = run_forward(mlp, params, xs, c, **path_args(path))
 
     tol = tolerance(mlp)
     assert_close({"y": y.numpy()}, {"y": reference(point, xs, config, "net.")[0]}, tol)
@@ -274,14 +303,7 @@ def test_gathered_gradients(name, path):
         return data, picked, rng.normal(size=(ROWS, OUT))
 
     data, picked, c = kink_free(config, draw, lambda d: reference(point, d[0][d[1]], config, "net.")[1], seed=6)
-    x = wp.array(data, dtype=float, requires_grad=True)
-    y = wp.zeros((ROWS, OUT), dtype=float, requires_grad=True)
-    loss = wp.zeros(1, dtype=float, requires_grad=True)
-    tape = wp.Tape()
-    with tape:
-        mlp.forward(params, x, y, indices=wp.array(picked, dtype=wp.int32), **path_args(path))
-        wp.launch(_weighted_sum2, dim=y.shape, inputs=[y, wp.array(c, dtype=float)], outputs=[loss])
-    tape.backward(loss)
+    x, y = run_forward(mlp, params, data, c, picked, **path_args(path))
     if path == "tile":
         assert warp_shared_bytes(mlp, WIDTH, True) == mlp.shared_bytes(WIDTH, gather=True)
 
@@ -371,21 +393,27 @@ def test_captured_graph_is_bit_identical(path):
     """An actor applied per step inside a closed loop and a critic gathering rows of the
     rollout's states, two MLPs in one ParamSet, recorded with ``wp.ScopedCapture`` and replayed
     at two parameter points: outputs and gradients bit for bit those of eager runs."""
+    captured_graph_matches_eager(ROWS, **path_args(path))
+
+
+def captured_graph_matches_eager(rows: int, **call) -> None:
+    """:func:`test_captured_graph_is_bit_identical` over ``rows`` rows, the MLPs called with the
+    keywords ``call``."""
     actor = MLP(IN, HIDDEN, OUT, prefix="actor.", **CONFIGS["elu+norm"])
     critic = MLP(IN, HIDDEN, OUT, prefix="critic.", **CONFIGS["relu+norm"])
     params = ParamSet([*actor.specs(seed=0), ParamSpec("log_std", (OUT,)), *critic.specs(seed=1)], device="cpu")
     rng = np.random.default_rng(9)
     p0 = params.data.numpy() + rng.normal(scale=0.2, size=params.size).astype(np.float32)
     p1 = p0 + rng.normal(scale=0.1, size=params.size).astype(np.float32)
-    x0 = wp.array(rng.normal(size=(ROWS, IN)).astype(np.float32), dtype=float)
+    x0 = wp.array(rng.normal(size=(rows, IN)).astype(np.float32), dtype=float)
     mix = wp.array(rng.normal(scale=0.3, size=(OUT, IN)), dtype=float)
-    c = wp.array(rng.normal(size=(STEPS, ROWS, OUT)), dtype=float)
-    stored = (STEPS + 1) * ROWS
-    picked = wp.array(rng.integers(0, stored, size=ROWS).astype(np.int32), dtype=wp.int32)
-    cv = wp.array(rng.normal(size=(ROWS, OUT)), dtype=float)
-    x = wp.zeros((STEPS + 1, ROWS, IN), dtype=float, requires_grad=True)
-    y = wp.zeros((STEPS, ROWS, OUT), dtype=float, requires_grad=True)
-    values = wp.zeros((ROWS, OUT), dtype=float, requires_grad=True)
+    c = wp.array(rng.normal(size=(STEPS, rows, OUT)), dtype=float)
+    stored = (STEPS + 1) * rows
+    picked = wp.array(rng.integers(0, stored, size=rows).astype(np.int32), dtype=wp.int32)
+    cv = wp.array(rng.normal(size=(rows, OUT)), dtype=float)
+    x = wp.zeros((STEPS + 1, rows, IN), dtype=float, requires_grad=True)
+    y = wp.zeros((STEPS, rows, OUT), dtype=float, requires_grad=True)
+    values = wp.zeros((rows, OUT), dtype=float, requires_grad=True)
     loss = wp.zeros(1, dtype=float, requires_grad=True)
     tapes = []
 
@@ -398,10 +426,10 @@ def test_captured_graph_is_bit_identical(path):
         tape = wp.Tape()
         with tape:
             for t in range(STEPS):
-                actor.forward_step(params, x, t, y, **path_args(path))
-                wp.launch(_feedback, dim=(ROWS, IN), inputs=[x, t, y, mix])
+                actor.forward_step(params, x, t, y, **call)
+                wp.launch(_feedback, dim=(rows, IN), inputs=[x, t, y, mix])
             wp.launch(_weighted_sum3, dim=y.shape, inputs=[y, c], outputs=[loss])
-            critic.forward(params, x.reshape((stored, IN)), values, indices=picked, **path_args(path))
+            critic.forward(params, x.reshape((stored, IN)), values, indices=picked, **call)
             wp.launch(_weighted_sum2, dim=values.shape, inputs=[values, cv], outputs=[loss])
         tape.backward(loss)
         tapes.append(tape)  # a replayed graph reads what its tape holds
@@ -440,21 +468,14 @@ def test_the_cpu_path_agrees_with_the_tile_path(name):
     data = rng.normal(size=(rows + 4, IN)).astype(np.float32)
     picked = rng.integers(0, rows + 4, size=rows).astype(np.int32)
     picked[:2] = 3
-    c = wp.array(rng.normal(size=(rows, OUT)), dtype=float)
+    c = rng.normal(size=(rows, OUT))
     found = {}
     for path in PATHS:
         params.zero_grad()
-        x = wp.array(data, dtype=float, requires_grad=True)
-        y = wp.zeros((rows, OUT), dtype=float, requires_grad=True)
-        loss = wp.zeros(1, dtype=float, requires_grad=True)
-        tape = wp.Tape()
-        with tape:
-            mlp.forward(params, x, y, indices=wp.array(picked, dtype=wp.int32), path=path)
-            wp.launch(_weighted_sum2, dim=y.shape, inputs=[y, c], outputs=[loss])
-        tape.backward(loss)
+        x, y = run_forward(mlp, params, data, c, picked, path=path)
         found[path] = {"y": y.numpy(), "x": x.grad.numpy(), **grads_of(params, mlp)}
         assert not y.grad.numpy().any()  # both consume the output's gradient
-    assert_close(found["cpu"], {k: v.astype(np.float64) for k, v in found["tile"].items()}, tolerance(mlp))
+    assert_close(found["cpu"], as64(found["tile"]), tolerance(mlp))
 
 
 def regression_setup(rows: int = 3 * nn_cpu.BLOCK_ROWS + 6, seed: int = 14):
@@ -506,9 +527,14 @@ def _sgd(data: wp.array(dtype=float), grad: wp.array(dtype=float)):
 @pytest.mark.parametrize("path", PATHS)
 def test_regression_fit_is_bit_identical_captured(path):
     """Two epochs of three minibatches, each step followed by an update, recorded once and
-    replayed: the parameters and the losses bit for bit those of the eager run, and the fit
-    did move the parameters."""
-    mlp, params, x, targets = regression_setup()
+    replayed: the parameters and the losses bit for bit those of the eager run (the replay
+    writes every loss), and the fit did move the parameters."""
+    captured_fit_matches_eager(regression_setup(), path)
+
+
+def captured_fit_matches_eager(setup: tuple, path: str) -> None:
+    """:func:`test_regression_fit_is_bit_identical_captured` on ``setup`` (:func:`regression_setup`'s)."""
+    mlp, params, x, targets = setup
     start = params.data.numpy().copy()
     losses = wp.zeros(3, dtype=float)
     fit = Regression(mlp, params, x, targets, minibatches=3, path=path)
@@ -522,6 +548,7 @@ def test_regression_fit_is_bit_identical_captured(path):
     with wp.ScopedCapture(device="cpu") as capture:
         run()
     params.data.assign(start)
+    losses.fill_(123.0)
     wp.capture_launch(capture.graph)
     assert np.array_equal(params.data.numpy(), eager[0]) and np.array_equal(losses.numpy(), eager[1])
     assert not np.array_equal(eager[0], start)

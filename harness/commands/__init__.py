@@ -17,5 +17,6 @@ COMMANDS = {
     "render": "video and plots of a run: python -m harness render outputs/cartpole/<time>",
     "evaluate": "a checkpoint elsewhere:   python -m harness evaluate outputs/cartpole/<time> env.seed=7",
     "record": "a trajectory for sysid:   python -m harness record +env=cartpole env.pole_masses=[0.3,0.2] out=traj.npz",
+    "compile": "kernels ahead of time:    python -m harness compile +env=ant task=shac device=cuda arch=90",
 }
 """Every command, with its line of ``python -m harness --help`` (the module is ``harness.commands.<name>``)."""

@@ -57,7 +57,12 @@ def record_trajectory(
         from harness.limits import check_memory  # refused before anything is allocated
 
         check_memory(cfg)
-        env = build.build_env(cfg, config.check_device(cfg.get("device")))
+        name = config.check_device(cfg.get("device"))
+        if name is None:  # device=null: the faster device for this many worlds, as a training run's
+            from harness import devices
+
+            name = devices.choose(int(cfg.env.world_count))[0]
+        env = build.build_env(cfg, name)
     except config.ConfigError as exc:
         raise TrajectoryFileError(f"record: {exc}") from None
     if env.action_dim < 1:

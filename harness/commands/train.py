@@ -365,6 +365,8 @@ def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> tuple[Any, list[
         if multirun:  # the sweep's job folder records why
             _failed(run_dir, resumed, str(exc))
         raise JobEnded("failed", f"error: {exc}", 2) from None
+    label = f"{_job_label(hydra_cfg)} " if multirun else ""
+    print(f"{label}device: {run.settings.device} ({run.device_note})", flush=True)  # the run's first line
     if multirun and run.settings.resume is not None:  # per job: its own checkpoint
         try:
             found = checkpoint.resolve(run.settings.resume, run_dir)
@@ -382,7 +384,6 @@ def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> tuple[Any, list[
     callbacks = _diagnose_callbacks(cfg, hydra_cfg, trainer)
     episodes, why = build.episode_evaluator(cfg, hydra_cfg.runtime.choices)
     if why is not None:
-        label = f"{_job_label(hydra_cfg)} " if multirun else ""
         print(f"{label}episodes: not reported (the done line gives the window loss): {why}", flush=True)
     if replace:  # overwrite=true: the earlier run goes only now that this one passed every check
         clear_run_folder(run_dir)

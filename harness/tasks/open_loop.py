@@ -57,6 +57,7 @@ class OpenLoop(Task):
         self.init, self.lower, self.upper = _bounds_checked(args.init, args.lower, args.upper)
         self.init_noise, self.seed = args.init_noise, args.seed
         self._views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._acted_all: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # env -> act_all took the rollout
 
     def check(self, config: EnvConfig) -> None:
         if config.action_dim() < 1:
@@ -83,10 +84,13 @@ class OpenLoop(Task):
         return [spec]
 
     def begin(self, env: Env, params: ParamSet) -> None:
+        # every step's action is known before step 0: an env that can takes them in one launch
+        self._acted_all[env] = env.act_all(self.actions(env, params))
         env.reset()
 
     def act(self, env: Env, params: ParamSet, t: int) -> None:
-        env.act(t, self.actions(env, params))
+        if not self._acted_all.get(env, False):
+            env.act(t, self.actions(env, params))
 
     def actions(self, env: Env, params: ParamSet) -> wp.array:
         """The ``controls`` parameter as ``(horizon, world_count, action_dim)`` (a view, same memory)."""

@@ -327,44 +327,56 @@ class SHAC(Task):
                 self._restarting.add(id(env))
             state = self.state(env)
             steps = env.horizon
+            # the window's keys, episode marks and carry flag have no gradient: not on the tape
             wp.launch(
-                k.window_keys, dim=steps + 1, inputs=[self.training_key, steps], outputs=[b.keys], device=env.device
-            )
+                k.window_keys, dim=steps + 1, inputs=[self.training_key, steps], outputs=[b.keys], device=env.device,
+                record_tape=False,
+            )  # fmt: skip
             wp.launch(
                 k.episode_marks, dim=env.world_count,
                 inputs=[state["episode_step"], self._episode, steps],
                 outputs=[b.done, b.ends, b.cost_weight, b.value_weight, self.args.gamma],
-                device=env.device,
+                device=env.device, record_tape=False,
             )  # fmt: skip
             b.terminal.zero_()
             env.draw_initial(b.keys[0:1])
-            wp.launch(_carry_after_first, dim=1, inputs=[self.training_key], outputs=[b.carry], device=env.device)
+            wp.launch(
+                _carry_after_first, dim=1, inputs=[self.training_key], outputs=[b.carry], device=env.device,
+                record_tape=False,
+            )  # fmt: skip
             env.carry_final(b.carry)
         env.reset()
 
-    def _observe(self, env: Env, t: int, row: int, raw: wp.array, normalised: wp.array, *, ended: bool = False) -> None:
-        """Row ``row`` of ``raw``: what a policy sees of state ``t`` (after its restart, or with
-        ``ended`` before it); of ``normalised``: the same with the window's statistics."""
-        (env.observe_ended if ended else env.observe)(t, raw[row])
+    def _observe(self, env: Env, t: int, row: int, raw: wp.array, normalised: wp.array) -> None:
+        """Row ``row`` of ``raw``: what a policy sees of state ``t`` (after its restart); of
+        ``normalised``: the same with the window's statistics."""
+        env.observe(t, raw[row])
+        self._normalize(env, raw[row], normalised[row])
+
+    def _normalize(self, env: Env, raw: wp.array, normalised: wp.array) -> None:
+        """``normalised = raw`` normalised with the window's statistics, rows ``(n, observation_dim)``."""
         state = self.state(env)
         wp.launch(
-            k.normalize, dim=raw[row].shape, inputs=[raw[row], state["obs_mean"], state["obs_var"]],
-            outputs=[normalised[row]], device=env.device,
+            k.normalize, dim=raw.shape, inputs=[raw, state["obs_mean"], state["obs_var"]], outputs=[normalised],
+            device=env.device,
         )  # fmt: skip
 
     def _restart(self, env: Env, t: int) -> None:
         """Before step ``t >= 1`` (or after the last): keep the observation of the state step ``t - 1``
-        ended in (the target critic values it), then restart the worlds whose episode ended."""
+        ended in (the target critic values it; :meth:`end` normalises every row of them at once,
+        one launch, as nothing reads them before), then restart the worlds whose episode ended."""
         if id(env) not in self._restarting:
             return
         b = self.buffers(env)
-        self._observe(env, t, t - 1, b.next_obs, b.next_n, ended=True)
+        env.observe_ended(t, b.next_obs[t - 1])
         if self.training_key is not None and isinstance(env, Terminates):
             env.terminated(t, b.ended)
+            # marks and weights without a gradient: not on the tape (no adjoint launch)
             wp.launch(
                 k.mark_terminations, dim=env.world_count,
                 inputs=[b.ended, t - 1, env.horizon, self._episode, self.args.gamma],
                 outputs=[b.done, b.ends, b.terminal, b.cost_weight, b.value_weight], device=env.device,
+                record_tape=False,
             )  # fmt: skip
         env.restart(t, b.done[t - 1] if self.training_key is not None else b.no_restart, b.keys[t : t + 1])
 
@@ -387,6 +399,9 @@ class SHAC(Task):
     def end(self, env: Env, params: ParamSet) -> None:
         if id(env) in self._restarting:
             self._restart(env, env.horizon)
+            b = self.buffers(env)
+            rows = (b.next_obs.shape[0] * b.next_obs.shape[1], b.next_obs.shape[2])
+            self._normalize(env, b.next_obs.reshape(rows), b.next_n.reshape(rows))  # every step's at once
         if self.training_key is not None:
             env.keep_final()
 

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from harness import checkpoint as ckpt
+from harness import compile as kernel_compile
 from harness import tags
 from harness.adjoint import profile_histogram_values, profile_image, profile_summary
 from harness.events import EventWriter
@@ -137,6 +138,10 @@ class SignalStop(Callback):
     SIGTERM had no handler of Python's (the library used alone), the line is printed and
     the process ends by the signal's default action.
 
+    A signal that comes while Warp compiles a kernel module (:func:`harness.compile.compiling`:
+    seconds on the CPU, minutes for a network on CUDA) stops at once as a second one does: the
+    iteration would wait for the compiler.
+
     Handlers can only be installed from the main thread (a launcher may run a job in
     another); elsewhere the process's own handling applies.
     """
@@ -153,7 +158,7 @@ class SignalStop(Callback):
 
         def handler(signum: int, frame: Any) -> None:
             name = signal.Signals(signum).name
-            if loop.stop_signal is None:
+            if loop.stop_signal is None and not kernel_compile.compiling():
                 loop.request_stop(signum)
                 self._say(
                     f"{label}{name}: stopping after iteration {loop.stops_after} finishes: writing a checkpoint "
@@ -185,7 +190,8 @@ class SignalStop(Callback):
             if saved
             else "no checkpoint was written"
         )
-        line = f"stopped at once by a second signal ({name}) in iteration {self._done + 1}; {kept}"
+        why = "while Warp compiled kernels" if kernel_compile.compiling() else "by a second signal"
+        line = f"stopped at once {why} ({name}) in iteration {self._done + 1}; {kept}"
         previous = self._previous.get(signum)
         if signum == signal.SIGINT or not callable(previous):
             if signum == signal.SIGINT:
