@@ -55,6 +55,10 @@ def _configure_warp(wp: Any) -> None:
 
     warp_fixes.install()
     kernel_compile.install()  # a compile in progress no longer holds a signal back
+    # CUDA modules as CUBIN for the device's own architecture, never PTX: the files
+    # `harness compile ... arch=N` writes ahead of time on a machine without a GPU (Warp picks
+    # PTX by itself where the driver is at least as new as its toolkit; not in the module hash)
+    wp.config.cuda_output = "cubin"
 
 
 @contextlib.contextmanager

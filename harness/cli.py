@@ -179,6 +179,9 @@ def _say(line: str, code: int) -> NoReturn:
         sys.stdout.flush()
     with contextlib.suppress(OSError):
         print(line, file=sys.stderr, flush=True)
+    from harness import compile as kernel_compile
+
+    kernel_compile.exit_now(code)  # a compile given up on: out at once (harness/compile.py)
     sys.exit(code)
 
 

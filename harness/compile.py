@@ -48,11 +48,13 @@ from typing import Any
 
 __all__ = [
     "CompileRecord",
-    "LoadedModule",
     "ModuleCompileError",
-    "compile_for_arch",
+    "Recording",
+    "abandoned",
+    "compile_module",
     "compiling",
     "cuda_kernels",
+    "exit_now",
     "install",
     "known_archs",
     "record_loads",
@@ -63,7 +65,9 @@ _POLL_S = 0.05
 """How often the main thread looks up from a compile in progress (signal handlers run then)."""
 
 _ORIGINAL: dict[str, Any] = {}
-_STATE = {"waiting": 0, "abandoned": False}
+_STATE = {"waiting": 0}
+_ABANDONED: set[int] = set()
+"""The thread ids of the workers whose compile the main thread gave up on (a signal)."""
 _LOCAL = threading.local()
 _CUDA_TARGET = {"on": False}
 
@@ -75,7 +79,7 @@ def compiling() -> bool:
 
 def time_compiles(timings: list[tuple[str, float]] | None) -> None:
     """From now on append (module name, seconds) to ``timings`` for every module the main
-    thread compiles (None: stop)."""
+    thread compiles for the CPU (None: stop)."""
     _LOCAL.timings = timings
 
 
@@ -93,24 +97,48 @@ def _build_dirs(thread_id: int) -> list[str]:
     return glob.glob(pattern)
 
 
+def _remove_abandoned() -> None:
+    for thread_id in _ABANDONED:
+        for folder in _build_dirs(thread_id):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def _abandon(worker: threading.Thread) -> None:
-    """Stop caring about a compile in progress: no further compile starts, the worker's
-    private build folders are removed (again when it comes back from the compiler), and the
-    process's native stderr is closed once its own last line is out (:func:`_quiet_exit`)."""
-    if not _STATE["abandoned"]:
-        atexit.register(_quiet_exit)  # runs before Warp's own exit handlers (registered earlier)
-    _STATE["abandoned"] = True
-    for folder in _build_dirs(worker.ident or 0):
-        shutil.rmtree(folder, ignore_errors=True)
+    """Give up on a compile in progress: its worker goes on (a native call cannot be stopped)
+    and removes its private build folder when it comes back; if the process ends first, the
+    folder is removed on the way out (:func:`exit_now`, or at exit). A process that goes on
+    (a caught ``KeyboardInterrupt`` in a notebook) compiles as before."""
+    if not _ABANDONED:
+        atexit.register(_at_exit)  # runs before Warp's own exit handlers (registered earlier)
+    _ABANDONED.add(worker.ident or 0)
 
 
-def _quiet_exit() -> None:
-    """At exit after an abandoned compile: the compiler, still running in its worker, fails
-    when Warp's exit handlers remove its temporary files (precompiled headers) and prints why
-    on the process's stderr after the command's one line; send what comes after to /dev/null."""
+def abandoned() -> bool:
+    """True when this process gave up on a compile that may still be running."""
+    return bool(_ABANDONED)
+
+
+def _at_exit() -> None:
+    """At exit after an abandoned compile: remove the workers' build folders, and send the
+    process's native stderr to /dev/null (the compiler, still running, fails once its folder or
+    Warp's precompiled headers are gone, and would say so after the command's one line)."""
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    _remove_abandoned()
+
+
+def exit_now(code: int) -> None:
+    """End the process with ``code`` at once when a compile was abandoned (:func:`abandoned`):
+    streams flushed, build folders removed, no interpreter shutdown (which would wait on nothing
+    useful and run Warp's exit handlers while the compiler still works). Otherwise return."""
+    if not _ABANDONED:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    _remove_abandoned()
+    os._exit(code)
 
 
 class ModuleCompileError(RuntimeError):
@@ -118,15 +146,9 @@ class ModuleCompileError(RuntimeError):
     on stderr above it)."""
 
 
-class CompileAbandoned(RuntimeError):
-    """A compile asked for after the process gave up on one (it is ending on a signal)."""
-
-
 def _compile(module: Any, *args: Any, **kwargs: Any) -> Any:
     """``Module._compile``, run in a worker thread when called from the main thread."""
     original = _ORIGINAL["_compile"]
-    if _STATE["abandoned"]:
-        raise CompileAbandoned(f"module {module.name}: not compiled, the process is stopping")
     if threading.current_thread() is not threading.main_thread():
         return original(module, *args, **kwargs)
     outcome: dict[str, Any] = {}
@@ -137,7 +159,7 @@ def _compile(module: Any, *args: Any, **kwargs: Any) -> Any:
         except BaseException as exc:  # handed to the waiting thread
             outcome["error"] = exc
         finally:
-            if _STATE["abandoned"]:
+            if threading.get_ident() in _ABANDONED:  # nobody waits: leave nothing half-built
                 for folder in _build_dirs(threading.get_ident()):
                     shutil.rmtree(folder, ignore_errors=True)
 
@@ -153,8 +175,9 @@ def _compile(module: Any, *args: Any, **kwargs: Any) -> Any:
         raise
     finally:
         _STATE["waiting"] -= 1
+    device = args[0] if args else kwargs.get("device")
     timings = getattr(_LOCAL, "timings", None)
-    if timings is not None and outcome.get("value"):
+    if timings is not None and outcome.get("value") and device is not None and device.is_cpu:
         timings.append((module.name, time.perf_counter() - started))
     if "error" in outcome:
         raise outcome["error"]
@@ -171,43 +194,115 @@ def install() -> None:
         context.Module._compile = _compile
 
 
-# -- which modules a run loads -------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadedModule:
-    """A kernel module a run loads, and the ``block_dim`` a CUDA launch of it uses."""
-
-    module: Any
-    block_dim: int
-
-    @property
-    def name(self) -> str:
-        return self.module.name
+# -- which modules a run loads, compiled for an architecture -------------------------------------
 
 
 CUDA_DEFAULT_BLOCK_DIM = 256
 """Threads per block of a CUDA launch that names none (Warp 1.19's ``wp.launch``)."""
 
-NEWTON_NARROW_PHASE = ("narrow_phase", 128)
-"""Newton's narrow phase launches its kernels (modules ``narrow_phase_*``) with a block size it
-picks by device: 1 on the CPU, 128 on CUDA (``newton/_src/geometry/narrow_phase.py``,
-``self.block_dim = 1 if device_obj.is_cpu else 128``). A CPU run records 1; CUDA's is this."""
+NEWTON_NARROW_PHASE = (("narrow_phase", "newton._src.geometry.narrow_phase"), 128)
+"""Newton's narrow phase launches most of its kernels with a block size it picks by device: 1
+on the CPU, 128 on CUDA (``newton/_src/geometry/narrow_phase.py``, ``self.block_dim = 1 if
+device_obj.is_cpu else 128``). A CPU run asks for 1; CUDA's is this."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileRecord:
+    """One module version a run loads: compiled for the architecture, found in the cache, or
+    left to the GPU run (``skipped``: why)."""
+
+    name: str
+    block_dim: int
+    identifier: str
+    seconds: float = 0.0
+    compiled: bool = False
+    skipped: str | None = None
+
+
+@dataclasses.dataclass
+class Recording:
+    """What :func:`record_loads` saw: every version of every module loaded, once each."""
+
+    records: list[CompileRecord] = dataclasses.field(default_factory=list)
+
+    @property
+    def compiled(self) -> list[CompileRecord]:
+        return [r for r in self.records if r.compiled]
+
+    @property
+    def cached(self) -> list[CompileRecord]:
+        return [r for r in self.records if not r.compiled and r.skipped is None]
+
+    @property
+    def skipped(self) -> list[CompileRecord]:
+        return [r for r in self.records if r.skipped is not None]
+
+
+def known_archs() -> list[int]:
+    """The CUDA architectures Warp's NVRTC compiles for (``sm_<arch>``); empty without NVRTC."""
+    import warp as wp
+    from warp._src import context
+
+    wp.init()
+    return sorted(int(a) for a in (context.runtime.nvrtc_supported_archs or ()))
+
+
+def _cuda_block(module: Any, raw: Any) -> int | None:
+    """The block size a CUDA launch of ``module`` uses, from the size the CPU launch asked for
+    (None: not known, the launch asked for 1: a size its code picks by device)."""
+    if raw is None or int(raw) <= 0:
+        return CUDA_DEFAULT_BLOCK_DIM
+    if int(raw) > 1:
+        return int(raw)
+    if module.name.startswith(NEWTON_NARROW_PHASE[0]):
+        return NEWTON_NARROW_PHASE[1]
+    return None
+
+
+def compile_module(module: Any, block_dim: int, arch: int) -> CompileRecord:
+    """Compile ``module`` as it is now, for block size ``block_dim``, for ``sm_<arch>`` into
+    Warp's kernel cache, under the folder and file name a CUDA load of it looks for (a CUBIN:
+    the harness sets ``warp.config.cuda_output``); a module already there is not compiled again.
+
+    Raises:
+        ModuleCompileError: NVRTC rejects it (one line).
+    """
+    identifier = module.get_module_identifier(block_dim)  # this version's hash and options
+    options = module.resolved_options[block_dim]
+    start = time.perf_counter()
+    try:
+        compiled = module._compile(None, output_arch=int(arch), use_ptx=False, options=options)
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ModuleCompileError(
+            f"module {module.name} (block {block_dim}) did not compile for sm_{arch}: {type(exc).__name__}: {first}"
+        ) from exc
+    return CompileRecord(module.name, block_dim, identifier, time.perf_counter() - start, bool(compiled))
 
 
 @contextlib.contextmanager
-def record_loads(*, cuda: bool) -> Iterator[list[LoadedModule]]:
+def record_loads(
+    *, cuda: bool, arch: int | None = None, report: Callable[[CompileRecord], None] | None = None
+) -> Iterator[Recording]:
     """Record every kernel module loaded inside the block, with the block size a CUDA launch of
-    it would use; with ``cuda``, the harness picks CUDA's kernels meanwhile (:func:`cuda_kernels`).
+    it uses, and with ``arch`` compile each for ``sm_<arch>`` the moment it loads (a module
+    whose kernels change while a run goes on, a generic kernel's new overload, is loaded again
+    under another hash: each version is compiled as the GPU run will load it). With ``cuda``,
+    the harness picks CUDA's kernels meanwhile (:func:`cuda_kernels`).
+
+    A launch that asks for block size 1 is not compiled ahead (the record says why): a tape's
+    adjoint launch passes its forward's resolved size, 1 on the CPU, and code that picks its
+    size by device asks the CPU for 1 (Newton's narrow phase excepted,
+    :data:`NEWTON_NARROW_PHASE`).
 
     Yields:
-        The list the block's loads are appended to (each module and block size once).
+        The :class:`Recording`, filled as the block runs; ``report`` is called with each record.
     """
     import warp as wp
     from warp._src import context
 
-    found: list[LoadedModule] = []
-    seen: set[tuple[int, int]] = set()
+    recording = Recording()
+    seen: set[tuple[int, int | None, str | None]] = set()
     request = threading.local()
     resolve, load = context._resolve_launch_block_dim, context.Module.load
     tiled = {"warp": wp.launch_tiled, "context": context.launch_tiled}
@@ -224,20 +319,26 @@ def record_loads(*, cuda: bool) -> Iterator[list[LoadedModule]]:
         finally:
             request.tiled = None
 
+    def note(record: CompileRecord) -> None:
+        recording.records.append(record)
+        if report is not None:
+            report(record)
+
     def load_recorded(module: Any, device: Any, block_dim: int | None = None, *args: Any, **kwargs: Any) -> Any:
-        raw = getattr(request, "tiled", None) or getattr(request, "raw", None)
-        cuda_block = int(raw) if raw is not None and int(raw) > 0 else CUDA_DEFAULT_BLOCK_DIM
-        if cuda_block == 1 and module.name.startswith(NEWTON_NARROW_PHASE[0]):
-            cuda_block = NEWTON_NARROW_PHASE[1]
-        if block_dim is None:  # a load outside a launch (force_load): the module's default
-            cuda_block = int(module.options["block_dim"])
-        replayed = raw is not None and int(raw) == 1 and any(m == id(module) for m, _ in seen)
-        key = (id(module), cuda_block)
-        if (
-            key not in seen and not replayed
-        ):  # a tape's adjoint launch passes the forward's resolved size (1 on the CPU)
+        tiled_raw = getattr(request, "tiled", None)
+        raw = tiled_raw if tiled_raw is not None else getattr(request, "raw", None)
+        block = _cuda_block(module, raw) if block_dim is not None else int(module.options["block_dim"])
+        identifier = module.get_module_identifier(block) if block is not None else None
+        key = (id(module), block, identifier)
+        if key not in seen:
             seen.add(key)
-            found.append(LoadedModule(module, cuda_block))
+            if block is None:
+                if not any(k[0] == id(module) for k in seen if k != key):  # an adjoint replay otherwise
+                    note(CompileRecord(module.name, 1, "", skipped="launched with block size 1 on the CPU"))
+            elif arch is None:
+                note(CompileRecord(module.name, block, identifier))
+            else:
+                note(compile_module(module, block, arch))
         return load(module, device, block_dim, *args, **kwargs)
 
     context._resolve_launch_block_dim = resolve_recorded
@@ -246,69 +347,10 @@ def record_loads(*, cuda: bool) -> Iterator[list[LoadedModule]]:
     context.launch_tiled = launch_tiled_recorded
     _CUDA_TARGET["on"] = bool(cuda)
     try:
-        yield found
+        yield recording
     finally:
         context._resolve_launch_block_dim = resolve
         context.Module.load = load
         wp.launch_tiled = tiled["warp"]
         context.launch_tiled = tiled["context"]
         _CUDA_TARGET["on"] = False
-
-
-# -- compiling for an architecture ---------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileRecord:
-    """One module compiled (or found in the cache) for an architecture."""
-
-    name: str
-    block_dim: int
-    seconds: float
-    compiled: bool
-    path: str
-
-
-def known_archs() -> list[int]:
-    """The CUDA architectures Warp's NVRTC compiles for (``sm_<arch>``); empty without NVRTC."""
-    import warp as wp
-    from warp._src import context
-
-    wp.init()
-    return sorted(int(a) for a in (context.runtime.nvrtc_supported_archs or ()))
-
-
-def compile_for_arch(
-    modules: list[LoadedModule], arch: int, *, report: Callable[[CompileRecord], None] | None = None
-) -> list[CompileRecord]:
-    """Compile each module for ``sm_<arch>`` into Warp's kernel cache, under the name a CUDA
-    load on a device of that architecture looks for; a module already there is not compiled
-    again. Stoppable by a signal as any compile (:func:`install`).
-
-    Args:
-        modules: From :func:`record_loads`.
-        arch: A CUDA architecture NVRTC knows (:func:`known_archs`).
-        report: Called with each module's record as soon as it is done.
-    """
-    import warp as wp
-
-    records = []
-    for loaded in modules:
-        module, block = loaded.module, loaded.block_dim
-        module.get_module_hash(block)  # resolves this block size's options and hash
-        options = module.resolved_options[block]
-        start = time.perf_counter()
-        try:
-            compiled = module._compile(None, output_arch=int(arch), options=options)
-        except Exception as exc:
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise ModuleCompileError(
-                f"module {module.name} (block {block}) did not compile for sm_{arch}: {type(exc).__name__}: {first}"
-            ) from exc
-        seconds = time.perf_counter() - start
-        folder = os.path.join(str(wp.config.kernel_cache_dir), module.get_module_identifier(block))
-        record = CompileRecord(module.name, block, seconds, bool(compiled), folder)
-        records.append(record)
-        if report is not None:
-            report(record)
-    return records

@@ -8,9 +8,9 @@ its memory check and its files name one device.
 ``device=null`` chooses the device that runs *this* run faster (:func:`choose`). Without a
 CUDA device, that is the CPU. With one, the rule is the run's world count against
 :data:`GPU_MIN_WORLDS`: the harness's iteration on a GPU is bound by kernel launches, not by
-arithmetic (about 55 launches per simulated step, each a few microseconds, however few worlds
-it covers), so a GPU's iteration takes about as long at 4 worlds as at a few thousand, while
-the CPU's grows with the worlds. docs/gpu.md ("Which device null picks") has the
+arithmetic (about 40 launches, copies and memsets per simulated step of the cartpole, each a
+few microseconds however few worlds it covers), so a GPU's iteration takes about as long at 4
+worlds as at a few thousand, while the CPU's grows with the worlds. docs/gpu.md ("Which device null picks") has the
 measurements behind the threshold: the one GPU measurement the project has (an H200, `make
 train`'s cartpole at 4 worlds: 5.77 it/s) and this CPU's cartpole at growing world counts.
 The rule does not look at the env's bodies or contacts; ``device=cpu`` or ``device=cuda``

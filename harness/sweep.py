@@ -74,17 +74,16 @@ class WarmKernelCache(Callback):
                 return
             with open_dict(cfg):
                 cfg.device = "cpu"  # the modules are found on the CPU, with CUDA's kernels
-            with kernel_compile.record_loads(cuda=True) as loaded:
+            with kernel_compile.record_loads(cuda=True, arch=int(self.arch)) as recording:
                 build.tiny_iteration(cfg, choices)
-            records = kernel_compile.compile_for_arch(loaded, int(self.arch))
         except Exception as exc:  # the jobs report their own refusals and failures, one line each
             line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             print(f"kernel cache warm-up skipped ({line})", file=sys.stderr, flush=True)
             return
-        done = sum(r.compiled for r in records)
         print(
             f"kernel cache warmed for sm_{self.arch} in {time.perf_counter() - start:.1f} s "
-            f"({done} of {len(records)} modules compiled, the others were cached)",
+            f"({len(recording.compiled)} modules compiled, {len(recording.cached)} cached, "
+            f"{len(recording.skipped)} left to the jobs)",
             flush=True,
         )
 

@@ -1,4 +1,4 @@
-"""The robot env (envs/robot.py): any robot file as an env, the Ant and the quadruped presets.
+"""The robot env (envs/robot/): any robot file as an env, the Ant and the quadruped presets.
 
 Loading with a file's own defaults; one-line refusals of bad files and names; observations and
 rewards against the state; the tape against central differences through contact (touchdowns and
@@ -128,6 +128,36 @@ def test_observations_rewards_and_terminations_match_the_state():
     flags = wp.zeros(3, dtype=wp.int32)
     env.terminated(3, flags)
     np.testing.assert_array_equal(flags.numpy(), (body_q[:, 0, 2] < 0.27).astype(np.int32))
+
+
+def test_every_path_that_ends_an_episode_reads_the_one_termination_rule():
+    """envs/robot/kernels.py writes the rule once (``ends``): the observable ``terminated``, the
+    Terminates role's flags and the ``alive`` a step leaves agree on states that stand, sit below
+    the height, tip past the up threshold or are not finite."""
+    from envs.robot import kernels
+
+    tilt = {"stands": 0.0, "low": 0.0, "tipped": np.pi / 2, "leans": np.pi / 6, "nan": 0.0}
+    height = {"stands": 0.75, "low": 0.2, "tipped": 0.75, "leans": 0.75, "nan": np.nan}
+    expected = np.array([0, 1, 1, 0, 1])  # up = cos(tilt) against 0.5; height against 0.27
+    worlds = len(tilt)
+    env = ant(f"env.world_count={worlds}", "env.horizon=1", "env.termination_up=0.5", *QUICK)
+    env.request({"reward": "all"})
+    env.reset()
+    body_q = env.state(1).body_q.numpy().reshape(worlds, -1, 7)
+    for w, name in enumerate(tilt):  # the root (the torso) turned about x by its tilt
+        body_q[w, env.layout.root_body] = [0.0, 0.0, height[name], np.sin(tilt[name] / 2), 0.0, 0.0,
+                                           np.cos(tilt[name] / 2)]  # fmt: skip
+    env.state(1).body_q.assign(body_q.reshape(-1, 7))
+    env.write_observables(0)
+    flags = wp.zeros(worlds, dtype=wp.int32)
+    env.terminated(1, flags)
+    alive = wp.zeros(worlds, dtype=wp.float32)
+    touching = wp.zeros(env.model.body_count, dtype=wp.int32)
+    wp.launch(kernels.survive, dim=worlds, inputs=[env.state(1).body_q, env._termination, env.state(0).alive],
+              outputs=[alive, touching])  # fmt: skip
+    np.testing.assert_array_equal(env.trajectory()["terminated"].numpy()[0, :, 0], expected)
+    np.testing.assert_array_equal(flags.numpy(), expected)
+    np.testing.assert_array_equal(alive.numpy(), 1 - expected)
 
 
 def test_the_tape_matches_central_differences_through_touchdowns_and_lift_offs():

@@ -70,7 +70,11 @@ def test_a_capture_replays_the_zeroing_and_a_stale_table_falls_back_to_memsets()
     assert not any(array.numpy().any() for array in (*contiguous, extra))
     zero.refresh([*contiguous, extra])
     assert len(zero._kept) == 2
-    wp.capture_launch(capture.graph)  # the first graph still reads its own table
+    for array in (*contiguous, extra):
+        _fill(array)
+    wp.capture_launch(capture.graph)  # the first graph still reads its own table: its arrays only
+    assert not any(array.numpy().any() for array in contiguous)
+    assert extra.numpy().all()
 
 
 def test_the_kernel_zeroes_blocks_and_rest_of_a_chunk():

@@ -39,6 +39,7 @@ __all__ = [
     "run_dir_override",
     "run_hydra",
     "split_hydra_flags",
+    "stop",
 ]
 
 
@@ -76,6 +77,15 @@ def raise_if_signalled() -> None:
     stopped the command, so its line and exit code are the signal's, not the failure's."""
     if _signals:
         raise KeyboardInterrupt if _signals[-1] == signal.SIGINT else Terminated
+
+
+def stop(code: int) -> NoReturn:
+    """Exit with ``code`` after a signal: at once when a kernel compile was given up on
+    (:func:`harness.compile.exit_now`), else through the interpreter's normal exit."""
+    from harness import compile as kernel_compile
+
+    kernel_compile.exit_now(code)
+    sys.exit(code)
 
 
 def fail(exc: Exception | str) -> NoReturn:
@@ -209,10 +219,10 @@ def run_hydra(command: str, config_name: str, main: Callable[[], object], rest: 
                 fail(exc)
             except KeyboardInterrupt:  # e.g. while the env is built: no folder exists yet
                 print(f"{command}: interrupted by SIGINT before it started; nothing was written", file=sys.stderr)
-                sys.exit(130)
+                stop(130)
             except Terminated:
                 print(f"{command}: interrupted by SIGTERM before it started; nothing was written", file=sys.stderr)
-                sys.exit(143)
+                stop(143)
         if resume_folder is not None and not any(a.startswith("hydra.run.dir=") for a in overrides):
             overrides = [*overrides, run_dir_override(resume_folder)]  # continue in the checkpoint's folder
         if config_name == "train":

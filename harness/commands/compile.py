@@ -48,7 +48,7 @@ def _target(device: str, arch: Any) -> tuple[str, int | None]:
     """
     from harness import compile as kernel_compile
     from harness import devices
-    from harness.config import ConfigError
+    from harness.config import ConfigError, check_device
 
     gpus = [alias for alias, cuda in devices.listed() if cuda]
     if device != "cpu" and not _CUDA_NAME.fullmatch(device):
@@ -68,7 +68,7 @@ def _target(device: str, arch: Any) -> tuple[str, int | None]:
             )
         import warp as wp
 
-        arch = wp.get_device(devices.check(device)).arch
+        arch = wp.get_device(check_device(device)).arch
     if isinstance(arch, bool) or not isinstance(arch, int) or arch not in known:
         raise ConfigError(
             f"arch: {arch!r} is not an architecture NVRTC compiles for; accepted: {', '.join(map(str, known))}"
@@ -121,40 +121,40 @@ def main(rest: list[str]) -> None:
     print(f"compiling the kernels of this run for {target} into {cache}", flush=True)
     start = time.perf_counter()
     timings: list[tuple[str, float]] = []
-    kernel_compile.time_compiles(timings)
-    try:
-        with kernel_compile.record_loads(cuda=kind == "cuda") as loaded:
-            try:
-                build.tiny_iteration(cfg, choices)
-            except config.ConfigError as exc:
-                fail(exc)
-    finally:
-        kernel_compile.time_compiles(None)
-    tried = time.perf_counter() - start
-    if kind == "cpu":
-        for name, seconds in timings:
-            print(_line(seconds, name, None, "compiled"), flush=True)
-        cached = len({m.name for m in loaded}) - len(timings)
-        print(
-            f"done: {len(timings)} modules compiled for the CPU, {max(cached, 0)} found in the cache, {tried:.1f} s",
-            flush=True,
-        )
-        return
-    print(
-        f"{tried:.1f} s: one tiny iteration on the CPU found {len(loaded)} modules"
-        + (f" (it compiled {len(timings)} for the CPU, {sum(s for _, s in timings):.1f} s)" if timings else ""),
-        flush=True,
-    )
 
     def report(r: kernel_compile.CompileRecord) -> None:
-        print(_line(r.seconds, r.name, r.block_dim, "compiled" if r.compiled else "cached"), flush=True)
+        if r.skipped is not None:
+            print(f"   skipped  {r.name}: {r.skipped} (its GPU run compiles it)", flush=True)
+        else:
+            print(_line(r.seconds, r.name, r.block_dim, "compiled" if r.compiled else "cached"), flush=True)
 
+    kernel_compile.time_compiles(timings)
     try:
-        records = kernel_compile.compile_for_arch(loaded, arch, report=report)
+        with kernel_compile.record_loads(
+            cuda=kind == "cuda", arch=arch, report=report if kind == "cuda" else None
+        ) as recording:
+            build.tiny_iteration(cfg, choices)
+    except config.ConfigError as exc:
+        fail(exc)
     except kernel_compile.ModuleCompileError as exc:
         print(f"error: compile: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
-    done = [r for r in records if r.compiled]
-    total, cached = sum(r.seconds for r in records), len(records) - len(done)
-    print(f"done: {len(done)} modules compiled for sm_{arch} in {total:.1f} s, {cached} found in the cache", flush=True)
-    sys.stdout.flush()
+    finally:
+        kernel_compile.time_compiles(None)
+    wall = time.perf_counter() - start
+    if kind == "cpu":
+        for name, seconds in timings:
+            print(_line(seconds, name, None, "compiled"), flush=True)
+        print(
+            f"done: {len(timings)} modules compiled for the CPU ({sum(s for _, s in timings):.1f} s), the others "
+            f"this run loads were in the cache; {wall:.1f} s",
+            flush=True,
+        )
+        return
+    done, cached, skipped = recording.compiled, recording.cached, recording.skipped
+    cpu = f"; the tiny iteration on the CPU that found them compiled {len(timings)} for the CPU" if timings else ""
+    print(
+        f"done: {len(done)} modules compiled for sm_{arch} in {sum(r.seconds for r in done):.1f} s, "
+        f"{len(cached)} found in the cache, {len(skipped)} skipped; {wall:.1f} s{cpu}",
+        flush=True,
+    )

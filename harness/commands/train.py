@@ -27,6 +27,7 @@ from harness.commands.common import (
     raise_if_signalled,
     run_dir_override,
     run_hydra,
+    stop,
     system_errors_in_one_line,
 )
 
@@ -131,7 +132,7 @@ def _single_run(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
                 kept = "nothing was kept" if fresh else f"{run_dir} was left as it was"
                 name = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
                 print(f"train: interrupted by {name} before training started; {kept}", file=sys.stderr)
-                sys.exit(143 if isinstance(exc, Terminated) else 130)
+                stop(143 if isinstance(exc, Terminated) else 130)
             except JobEnded:
                 if fresh:  # refused before anything of the run was written
                     shutil.rmtree(run_dir, ignore_errors=True)

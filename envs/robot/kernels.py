@@ -1,0 +1,378 @@
+"""The robot env's Warp kernels and functions, beside the thin host class in :mod:`envs.robot.env`.
+
+Every launch of a control step is here: the action into the step's torques or drive targets
+(:func:`apply_actions`), the observation (:func:`observe`), the step's observables
+(:func:`record`), the termination flags (:func:`flag_ends`, :func:`survive`), the contacts'
+marks and Hunt-Crossley damping (:func:`mark_contacts`, :func:`hunt_crossley`) and the device
+draw of fresh starts (:func:`draw_starts`). An observation's columns and a reward's terms carry
+the codes of :class:`~envs.robot.config.Piece` and :class:`~envs.robot.config.Term`, and the
+kernels branch on those names. What ends an episode is written once, :func:`ends`, and every
+kernel that asks calls it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import warp as wp
+
+from envs.robot.config import Piece, Term
+
+if TYPE_CHECKING:
+    import newton
+
+
+@wp.func
+def axis_of(q: wp.quat, axis: wp.vec3, world: wp.vec3) -> float:
+    """``(q rotates axis) . world``: how far a body axis points along a world direction."""
+    return wp.dot(wp.quat_rotate(q, axis), world)
+
+
+# -- termination -----------------------------------------------------------------------------------
+
+
+@wp.struct
+class Termination:
+    """What ends a world's episode (:func:`termination`, built once per env): its root body (``root``,
+    of ``body_count`` per world) below ``height`` along ``up``, its up axis below ``up_min`` along
+    ``up``, or a height that is not finite."""
+
+    root: int
+    body_count: int
+    up: wp.vec3
+    height: float
+    up_min: float
+
+
+def termination(root: int, body_count: int, up: wp.vec3, height: float | None, up_min: float | None) -> Termination:
+    """The rule as the kernels read it; a threshold of None never ends an episode (-inf)."""
+    rule = Termination()
+    rule.root, rule.body_count, rule.up = root, body_count, up
+    rule.height = -math.inf if height is None else float(height)
+    rule.up_min = -math.inf if up_min is None else float(up_min)
+    return rule
+
+
+@wp.func
+def ends(X: wp.transform, rule: Termination) -> bool:
+    """Whether a world whose root body is at ``X`` ends its episode: the termination rule, the only
+    place it is written (:func:`record`, :func:`flag_ends` and :func:`survive` call it)."""
+    height = wp.dot(wp.transform_get_translation(X), rule.up)
+    low = height < rule.height or axis_of(wp.transform_get_rotation(X), rule.up, rule.up) < rule.up_min
+    return low or not wp.isfinite(height)
+
+
+@wp.kernel
+def flag_ends(body_q: wp.array(dtype=wp.transform), rule: Termination, out: wp.array(dtype=wp.int32)):
+    # 1 where world w's state ends its episode (the Terminates role; no gradient)
+    w = wp.tid()
+    out[w] = wp.where(ends(body_q[w * rule.body_count + rule.root], rule), 1, 0)
+
+
+@wp.kernel
+def survive(
+    body_q: wp.array(dtype=wp.transform),
+    rule: Termination,
+    before: wp.array(dtype=wp.float32),
+    after: wp.array(dtype=wp.float32),
+    touching: wp.array(dtype=wp.int32),
+):
+    # alive after the step: alive before it, and the step's result does not end the episode; and
+    # the world's row of the step's contact marks cleared for mark_contacts (no gradient: an int
+    # array; in this launch rather than a memset of its own)
+    w = wp.tid()
+    after[w] = wp.where(ends(body_q[w * rule.body_count + rule.root], rule), 0.0, before[w])
+    for b in range(rule.body_count):
+        touching[w * rule.body_count + b] = 0
+
+
+# -- actions, observations, observables ------------------------------------------------------------
+
+
+@wp.kernel
+def apply_actions(
+    actions: wp.array3d(dtype=wp.float32),
+    base: wp.array(dtype=wp.int32),
+    slot: int,
+    index: wp.array(dtype=wp.int32),
+    rest: wp.array(dtype=wp.float32),
+    scale: wp.array(dtype=wp.float32),
+    stride: int,
+    out: wp.array(dtype=wp.float32),
+    prev_action: wp.array(dtype=wp.float32),
+):
+    # out[index] = rest[index] + scale x the clipped action: joint_f (dofs, rest 0, the torques) or
+    # joint_target_q (coordinates, rest the start pose, target_scale). The step's row is
+    # base[0] + slot (segment graphs: the same launch for every segment).
+    w, i = wp.tid()
+    a = wp.clamp(actions[base[0] + slot, w, i], -1.0, 1.0)
+    out[w * stride + index[i]] = rest[index[i]] + a * scale[i]
+    prev_action[w * index.shape[0] + i] = a
+
+
+@wp.kernel
+def observe(
+    joint_q: wp.array(dtype=wp.float32),
+    joint_qd: wp.array(dtype=wp.float32),
+    body_q: wp.array(dtype=wp.transform),
+    body_qd: wp.array(dtype=wp.spatial_vector),
+    prev_action: wp.array(dtype=wp.float32),
+    codes: wp.array(dtype=wp.int32),
+    index: wp.array(dtype=wp.int32),
+    scale: wp.array(dtype=wp.float32),
+    root: int,
+    body_count: int,
+    coord_count: int,
+    dof_count: int,
+    action_count: int,
+    up: wp.vec3,
+    forward: wp.vec3,
+    out: wp.array2d(dtype=wp.float32),
+):
+    # One column of one world's observation: the piece `codes[c]`, its entry `index[c]`.
+    w, c = wp.tid()
+    code, i = codes[c], index[c]
+    X = body_q[w * body_count + root]
+    v = body_qd[w * body_count + root]
+    value = wp.float32(0.0)
+    if code == Piece.ROOT_HEIGHT:
+        value = wp.dot(wp.transform_get_translation(X), up)
+    elif code == Piece.ROOT_POSITION:
+        value = wp.transform_get_translation(X)[i]
+    elif code == Piece.ROOT_ROTATION:
+        value = wp.transform_get_rotation(X)[i]
+    elif code == Piece.ROOT_LINEAR_VELOCITY:
+        value = wp.spatial_top(v)[i]
+    elif code == Piece.ROOT_ANGULAR_VELOCITY:
+        value = wp.spatial_bottom(v)[i]
+    elif code == Piece.JOINT_Q:
+        value = joint_q[w * coord_count + i]
+    elif code == Piece.JOINT_QD:
+        value = joint_qd[w * dof_count + i]
+    elif code == Piece.UP:
+        value = axis_of(wp.transform_get_rotation(X), up, up)
+    elif code == Piece.HEADING:
+        value = axis_of(wp.transform_get_rotation(X), forward, forward)
+    else:  # Piece.PREVIOUS_ACTION
+        value = prev_action[w * action_count + i]
+    out[w, c] = scale[c] * value
+
+
+@wp.kernel
+def record(
+    joint_q: wp.array(dtype=wp.float32),
+    body_q: wp.array(dtype=wp.transform),
+    body_qd: wp.array(dtype=wp.spatial_vector),
+    prev_action: wp.array(dtype=wp.float32),
+    terms: wp.array(dtype=wp.int32),
+    weights: wp.array(dtype=wp.float32),
+    limit_coords: wp.array(dtype=wp.int32),
+    lower: wp.array(dtype=wp.float32),
+    upper: wp.array(dtype=wp.float32),
+    root: int,
+    body_count: int,
+    coord_count: int,
+    action_count: int,
+    up: wp.vec3,
+    forward: wp.vec3,
+    height_reference: float,
+    rule: Termination,
+    alive: wp.array(dtype=wp.float32),
+    base: wp.array(dtype=wp.int32),
+    offset: int,
+    reward: wp.array3d(dtype=wp.float32),
+    root_position: wp.array3d(dtype=wp.float32),
+    terminated: wp.array3d(dtype=wp.float32),
+):
+    # Row base[0] + offset of the step's observables, for one world: every weighted reward term
+    # (0 once the world's episode has ended before the step: alive), the root's position, and
+    # whether the state ends the episode (no gradient through that).
+    w = wp.tid()
+    row = base[0] + offset
+    X = body_q[w * body_count + root]
+    p = wp.transform_get_translation(X)
+    q = wp.transform_get_rotation(X)
+    for k in range(terms.shape[0]):
+        code = terms[k]
+        value = wp.float32(0.0)
+        if code == Term.FORWARD_VELOCITY:
+            value = wp.dot(wp.spatial_top(body_qd[w * body_count + root]), forward)
+        elif code == Term.UPRIGHT:
+            value = axis_of(q, up, up)
+        elif code == Term.HEADING:
+            value = axis_of(q, forward, forward)
+        elif code == Term.HEIGHT:
+            value = wp.dot(p, up) - height_reference
+        elif code == Term.ACTION_COST:
+            for i in range(action_count):
+                a = prev_action[w * action_count + i]
+                value = value - a * a
+        elif code == Term.JOINT_LIMIT_COST:
+            for i in range(limit_coords.shape[0]):
+                x = joint_q[w * coord_count + limit_coords[i]]
+                over = wp.max(x - upper[i], 0.0) + wp.max(lower[i] - x, 0.0)
+                value = value - over * over
+        else:  # Term.ALIVE
+            value = 1.0
+        reward[row, w, k] = weights[k] * value * alive[w]
+    for d in range(3):
+        root_position[row, w, d] = p[d]
+    terminated[row, w, 0] = wp.where(ends(X, rule), 1.0, 0.0)
+
+
+# -- contacts ---------------------------------------------------------------------------------------
+
+
+@wp.struct
+class ContactSet:
+    """The rigid contacts the contact kernels read: a ``newton.Contacts``' arrays (``count`` is
+    ``rigid_contact_count``, ``shape0`` ``rigid_contact_shape0``, ...) and the model's ``shape_body``
+    (:func:`contact_set`)."""
+
+    shape_body: wp.array(dtype=wp.int32)
+    count: wp.array(dtype=wp.int32)
+    shape0: wp.array(dtype=wp.int32)
+    shape1: wp.array(dtype=wp.int32)
+    point0: wp.array(dtype=wp.vec3)
+    point1: wp.array(dtype=wp.vec3)
+    normal: wp.array(dtype=wp.vec3)
+    margin0: wp.array(dtype=wp.float32)
+    margin1: wp.array(dtype=wp.float32)
+
+
+def contact_set(model: newton.Model, contacts: newton.Contacts) -> ContactSet:
+    found = ContactSet()
+    found.shape_body = model.shape_body
+    for name in ("count", "shape0", "shape1", "point0", "point1", "normal", "margin0", "margin1"):
+        setattr(found, name, getattr(contacts, f"rigid_contact_{name}"))
+    return found
+
+
+@wp.func
+def penetration(body_q: wp.array(dtype=wp.transform), c: ContactSet, i: int) -> float:
+    """How deep contact ``i`` is at ``body_q`` [m] (0 when apart): minus the distance newton's contact
+    force reads (semi_implicit.kernels_contact: the contact's frozen points and normal)."""
+    n = -c.normal[i]
+    pa = c.point0[i]
+    pb = c.point1[i]
+    if c.shape0[i] >= 0:
+        body = c.shape_body[c.shape0[i]]
+        if body >= 0:
+            pa = wp.transform_point(body_q[body], pa)
+    if c.shape1[i] >= 0:
+        body = c.shape_body[c.shape1[i]]
+        if body >= 0:
+            pb = wp.transform_point(body_q[body], pb)
+    return wp.max(-wp.dot(n, (pa - c.margin0[i] * n) - (pb + c.margin1[i] * n)), 0.0)
+
+
+@wp.kernel
+def mark_contacts(body_q: wp.array(dtype=wp.transform), c: ContactSet, touching: wp.array(dtype=wp.int32)):
+    # 1 for every body with a contact of positive depth at body_q (penetration)
+    i = wp.tid()
+    if i >= c.count[0]:
+        return
+    if penetration(body_q, c, i) > 0.0:
+        if c.shape0[i] >= 0 and c.shape_body[c.shape0[i]] >= 0:
+            touching[c.shape_body[c.shape0[i]]] = 1
+        if c.shape1[i] >= 0 and c.shape_body[c.shape1[i]] >= 0:
+            touching[c.shape_body[c.shape1[i]]] = 1
+
+
+@wp.kernel
+def hunt_crossley(
+    body_q: wp.array(dtype=wp.transform),
+    body_qd: wp.array(dtype=wp.spatial_vector),
+    body_com: wp.array(dtype=wp.vec3),
+    c: ContactSet,
+    kd_depth: float,
+    body_f: wp.array(dtype=wp.spatial_vector),
+):
+    # The damping force of contact i: kd_depth x depth x closing speed along the normal (Hunt and
+    # Crossley 1975; DiffRL's dflex), zero where the contact closes, so the force has no jump there
+    # (newton's contact kernel damps by a constant times the speed). Applied to both bodies as
+    # wrenches about their centres of mass, in newton's public convention (its contact kernel's
+    # frame and signs), so SolverFeatherstone adds it to the contact force it computes.
+    i = wp.tid()
+    if i >= c.count[0]:
+        return
+    n = -c.normal[i]
+    body_a, body_b = wp.int32(-1), wp.int32(-1)
+    if c.shape0[i] >= 0:
+        body_a = c.shape_body[c.shape0[i]]
+    if c.shape1[i] >= 0:
+        body_b = c.shape_body[c.shape1[i]]
+    pa = c.point0[i]
+    pb = c.point1[i]
+    va = wp.vec3(0.0)
+    vb = wp.vec3(0.0)
+    ra = wp.vec3(0.0)
+    rb = wp.vec3(0.0)
+    if body_a >= 0:
+        X = body_q[body_a]
+        pa = wp.transform_point(X, pa) - c.margin0[i] * n
+        ra = pa - wp.transform_point(X, body_com[body_a])
+        va = wp.spatial_top(body_qd[body_a]) + wp.cross(wp.spatial_bottom(body_qd[body_a]), ra)
+    if body_b >= 0:
+        X = body_q[body_b]
+        pb = wp.transform_point(X, pb) + c.margin1[i] * n
+        rb = pb - wp.transform_point(X, body_com[body_b])
+        vb = wp.spatial_top(body_qd[body_b]) + wp.cross(wp.spatial_bottom(body_qd[body_b]), rb)
+    depth = -wp.dot(n, pa - pb)
+    if depth <= 0.0:
+        return
+    f = n * (wp.min(wp.dot(n, va - vb), 0.0) * kd_depth * depth)
+    if body_a >= 0:
+        wp.atomic_sub(body_f, body_a, wp.spatial_vector(f, wp.cross(ra, f)))
+    if body_b >= 0:
+        wp.atomic_add(body_f, body_b, wp.spatial_vector(f, wp.cross(rb, f)))
+
+
+# -- starts -----------------------------------------------------------------------------------------
+
+
+@wp.kernel
+def draw_starts(
+    seed: int,
+    key: wp.array(dtype=wp.int32),
+    base_q: wp.array(dtype=wp.float32),
+    noisy_coords: wp.array(dtype=wp.int32),
+    root_free: int,
+    coord_count: int,
+    dof_count: int,
+    position: float,
+    rotation: float,
+    joint_noise: float,
+    velocity: float,
+    action_count: int,
+    joint_q: wp.array(dtype=wp.float32),
+    joint_qd: wp.array(dtype=wp.float32),
+    prev_action: wp.array(dtype=wp.float32),
+    alive: wp.array(dtype=wp.float32),
+):
+    # One world's fresh start, seeded by (seed, key[0]) then the world: the draws in a fixed order
+    # (position, rotation axis and angle, joint coordinates, velocities).
+    w = wp.tid()
+    stream = wp.rand_init(seed, key[0])
+    rng = wp.rand_init(wp.int32(stream), w)
+    q0 = w * coord_count
+    for c in range(coord_count):
+        joint_q[q0 + c] = base_q[c]
+    if root_free != 0:
+        for d in range(3):
+            joint_q[q0 + d] = base_q[d] + wp.randf(rng, -position, position)
+        axis = wp.vec3(wp.randf(rng, -0.5, 0.5), wp.randf(rng, -0.5, 0.5), wp.randf(rng, -0.5, 0.5))
+        angle = wp.randf(rng, -rotation, rotation)
+        turn = wp.quat_from_axis_angle(wp.normalize(axis), angle)
+        r = wp.quat(base_q[3], base_q[4], base_q[5], base_q[6]) * turn
+        for d in range(4):
+            joint_q[q0 + 3 + d] = r[d]
+    for i in range(noisy_coords.shape[0]):
+        c = noisy_coords[i]
+        joint_q[q0 + c] = base_q[c] + wp.randf(rng, -joint_noise, joint_noise)
+    for d in range(dof_count):
+        joint_qd[w * dof_count + d] = wp.randf(rng, -velocity, velocity)
+    for i in range(action_count):
+        prev_action[w * action_count + i] = 0.0
+    alive[w] = 1.0

@@ -1,0 +1,53 @@
+"""What a robot run reports of its rollouts: the locomotion figures of whole episodes, and where a
+simulation blew up (:meth:`RobotEnv.describe <envs.robot.env.RobotEnv.describe>`,
+:meth:`~envs.robot.env.RobotEnv.blowup`), from host arrays only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BLOWUP_DISTANCE", "blown_up", "episode_figures"]
+
+BLOWUP_DISTANCE = 1.0e4
+"""[m] a body this far from the origin has blown up (:meth:`RobotEnv.blowup`)."""
+
+
+def blown_up(body_q: np.ndarray, world_count: int, body_count: int) -> tuple[int, int] | None:
+    """The first (world, body) of one State's ``body_q`` whose pose is not finite or lies beyond
+    :data:`BLOWUP_DISTANCE` of the origin; None when every body is finite and near."""
+    position = body_q[:, :3].reshape(world_count, body_count, 3)
+    bad = ~np.isfinite(position).all(axis=2) | (np.abs(np.nan_to_num(position, nan=0.0)).max(axis=2) > BLOWUP_DISTANCE)
+    if not bad.any():
+        return None
+    world, body = (int(i) for i in np.argwhere(bad)[0])
+    return world, body
+
+
+def episode_figures(
+    reward: np.ndarray,
+    terminated: np.ndarray,
+    root_position: np.ndarray,
+    start: np.ndarray,
+    forward: np.ndarray,
+    dt: float,
+) -> dict[str, Any]:
+    """What a locomotion user reads of whole-episode rollouts from the env's own starts (no restarts):
+    ``episode_return`` (the summed rewards up to and including the step that ends the episode, mean
+    over worlds), ``forward_speed`` (the root's forward displacement over the rollout's simulated
+    time [m/s], mean over worlds), ``fall_fraction`` (the share of worlds whose episode ended early)
+    and ``episode_length`` (steps, mean)."""
+    steps = reward.shape[0]
+    ended = terminated[:, :, 0] > 0.5
+    fell = ended.any(axis=0)
+    length = np.where(fell, ended.argmax(axis=0) + 1, steps)
+    alive = np.arange(steps)[:, None] < length[None, :]
+    returns = (reward.sum(axis=2) * alive).sum(axis=0)
+    displacement = (root_position[-1] - start) @ forward
+    return {
+        "episode_return": float(returns.mean()),
+        "forward_speed": float(displacement.mean() / (steps * dt)),
+        "fall_fraction": float(fell.mean()),
+        "episode_length": float(length.mean()),
+    }
