@@ -108,13 +108,14 @@ def _abandon(worker: threading.Thread) -> None:
     and removes its private build folder when it comes back; if the process ends first, the
     folder is removed on the way out (:func:`exit_now`, or at exit). A process that goes on
     (a caught ``KeyboardInterrupt`` in a notebook) compiles as before."""
-    if not _ABANDONED:
+    if not _STATE.get("exit_handler"):
         atexit.register(_at_exit)  # runs before Warp's own exit handlers (registered earlier)
+        _STATE["exit_handler"] = 1
     _ABANDONED.add(worker.ident or 0)
 
 
 def abandoned() -> bool:
-    """True when this process gave up on a compile that may still be running."""
+    """True when this process gave up on a compile that is still running."""
     return bool(_ABANDONED)
 
 
@@ -122,6 +123,8 @@ def _at_exit() -> None:
     """At exit after an abandoned compile: remove the workers' build folders, and send the
     process's native stderr to /dev/null (the compiler, still running, fails once its folder or
     Warp's precompiled headers are gone, and would say so after the command's one line)."""
+    if not _ABANDONED:  # every abandoned compile came back meanwhile
+        return
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
@@ -162,6 +165,7 @@ def _compile(module: Any, *args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() in _ABANDONED:  # nobody waits: leave nothing half-built
                 for folder in _build_dirs(threading.get_ident()):
                     shutil.rmtree(folder, ignore_errors=True)
+                _ABANDONED.discard(threading.get_ident())  # done; its id may be reused
 
     worker = threading.Thread(target=work, name=f"warp compile {module.name}", daemon=True)
     started = time.perf_counter()
