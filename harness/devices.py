@@ -21,7 +21,7 @@ from __future__ import annotations
 
 __all__ = ["GPU_MIN_WORLDS", "DeviceError", "check", "choose", "listed"]
 
-GPU_MIN_WORLDS = 32
+GPU_MIN_WORLDS = 40
 """``device=null`` picks a CUDA device (when there is one) for runs of at least this many
 worlds, the CPU below (docs/gpu.md, "Which device null picks")."""
 

@@ -6,9 +6,12 @@ it takes about as long at 4 worlds as at a few thousand; the CPU's grows with th
 one GPU figure the project has is the issue's (issue 40): ``make train``'s command on an H200,
 4 worlds, 5.77 it/s (``--gpu-its``). For each world count this runs ``python -m harness train
 +env=cartpole env.world_count=W iterations=N device=cpu`` for N = 5 and 5 + ``--iterations``
-and divides the extra iterations by the extra seconds of the done line (compiling, capturing and
-writing the run cancel out; warm kernel cache), then prints the largest world count at which
-the CPU is still faster than the GPU figure.
+and divides the extra iterations by the extra training seconds (``summary.json``'s
+``wall_time_s``; compiling, capturing and writing the run cancel out; warm kernel cache), then
+prints the largest world count at which the CPU is still faster than the GPU figure. The
+figures in docs/gpu.md were taken with the done line's seconds (0.1 s steps) before this
+script read ``summary.json``: at 4 worlds (30 iterations in about 0.7 s) that rounding is
+worth about 10%, at 32 worlds and more under 2%.
 
 Run: python scripts/bench_device_rule.py [--worlds 4 16 64 256 1024] [--iterations 30] [--gpu-its 5.77]
 """
@@ -16,28 +19,14 @@ Run: python scripts/bench_device_rule.py [--worlds 4 16 64 256 1024] [--iteratio
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench_gpu import training_seconds  # scripts/ is on the path of a script run from it
 
 
 def seconds(worlds: int, iterations: int) -> float:
-    """The training seconds of one CPU run (its done line: from the first iteration to the last)."""
-    with tempfile.TemporaryDirectory() as folder:
-        command = [
-            sys.executable, "-m", "harness", "train", "+env=cartpole", f"env.world_count={worlds}",
-            f"iterations={iterations}", f"log_every={iterations}", "device=cpu", "checkpoint.every=0",
-            "plot_every=null", f"hydra.run.dir={folder}/run",
-        ]  # fmt: skip
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
-    found = re.findall(r"^done: .*, ([0-9.]+) s$", done.stdout, flags=re.MULTILINE)
-    if not found:
-        raise RuntimeError(f"no done line in the output of {' '.join(command)}:\n{done.stdout}")
-    return float(found[-1])
+    """The training seconds of one CPU run (``summary.json``: from the first iteration to the last)."""
+    overrides = ["+env=cartpole", f"env.world_count={worlds}", "device=cpu"]
+    return training_seconds(overrides, iterations, timeout=3600)[0]
 
 
 def its(worlds: int, iterations: int) -> float:
