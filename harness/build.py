@@ -221,12 +221,10 @@ def _validate(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> Run:
 
 def _resolve_device(settings: TrainSettings, world_count: int) -> tuple[TrainSettings, str]:
     """``settings`` with ``device=null`` replaced by the device chosen for ``world_count``
-    worlds (:func:`harness.devices.choose`), and the phrase saying why."""
-    if settings.device is not None:
-        return settings, f"device={settings.device}"
+    worlds (:func:`harness.devices.resolve`), and the phrase saying why."""
     from harness import devices
 
-    name, why = devices.choose(world_count)
+    name, why = devices.resolve(settings.device, world_count)
     return dataclasses.replace(settings, device=name), why
 
 

@@ -19,7 +19,7 @@ always wins over it.
 
 from __future__ import annotations
 
-__all__ = ["GPU_MIN_WORLDS", "DeviceError", "check", "choose", "listed"]
+__all__ = ["GPU_MIN_WORLDS", "DeviceError", "check", "choose", "listed", "resolve"]
 
 GPU_MIN_WORLDS = 40
 """``device=null`` picks a CUDA device (when there is one) for runs of at least this many
@@ -71,6 +71,14 @@ def check(name: str | None) -> str | None:
             f"device: '{name}' is not available here; accepted: null (the faster for the run), {', '.join(names)}"
         )
     return current_cuda() if name == "cuda" else name
+
+
+def resolve(name: str | None, world_count: int) -> tuple[str, str]:
+    """The device a run of ``world_count`` worlds uses with ``device=name`` (a checked name, or
+    None: :func:`choose`), and why (a phrase for the run's first line)."""
+    if name is not None:
+        return name, f"device={name}"
+    return choose(world_count)
 
 
 def choose(world_count: int) -> tuple[str, str]:

@@ -342,12 +342,9 @@ def check_memory(
             "step_io": _observes(run.task),
         }
     else:
-        name = check_device(cfg.get("device"))
-        if name is None:  # device=null: the device the run will choose (harness.devices)
-            from harness import devices
+        from harness import devices
 
-            name = devices.choose(env_config.world_count)[0]
-        device = wp.get_device(name)
+        device = wp.get_device(devices.resolve(check_device(cfg.get("device")), env_config.world_count)[0])
         steps = None
         shape = (env_config.horizon, env_config.world_count, env_config.action_dim())
         common = {

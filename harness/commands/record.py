@@ -57,11 +57,9 @@ def record_trajectory(
         from harness.limits import check_memory  # refused before anything is allocated
 
         check_memory(cfg)
-        name = config.check_device(cfg.get("device"))
-        if name is None:  # device=null: the faster device for this many worlds, as a training run's
-            from harness import devices
+        from harness import devices  # device=null: the faster device for this many worlds, as a run's
 
-            name = devices.choose(int(cfg.env.world_count))[0]
+        name, _ = devices.resolve(config.check_device(cfg.get("device")), int(cfg.env.world_count))
         env = build.build_env(cfg, name)
     except config.ConfigError as exc:
         raise TrajectoryFileError(f"record: {exc}") from None
