@@ -4,7 +4,8 @@ install composes its configs from any folder. Every folder of ``configs/`` is na
 package of ``harness.configs`` mapped onto ``configs/``, so that setuptools copies its YAML
 files as package data (and puts them in the sdist) without warning about unlisted folders.
 ``hydra_plugins/harness_ray_launcher`` joins Hydra's ``hydra_plugins`` namespace (the Ray
-launcher: Hydra takes launchers from there only)."""
+launcher: Hydra takes launchers from there only). The robot files the harness brings
+(``envs/robot/assets``, ``env.asset=harness:NAME``) ship as that package's data."""
 
 from setuptools import find_namespace_packages, setup
 
@@ -16,5 +17,5 @@ setup(
         *config_groups,
     ],
     package_dir={"harness.configs": "configs"},
-    package_data={name: ["*.yaml"] for name in config_groups},
+    package_data={**{name: ["*.yaml"] for name in config_groups}, "envs.robot.assets": ["*.xml"]},
 )

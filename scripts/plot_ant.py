@@ -1,4 +1,5 @@
-"""The Ant's return against simulated steps, from the TensorBoard events of SHAC runs.
+"""A robot's return against simulated steps, from the TensorBoard events of SHAC runs (the Ant's
+by default; ``--robot hopper`` for the Hopper's).
 
 Every ``task=shac`` run logs ``episode/return`` (whole episodes from the env's own starts,
 rolled out at the training's current weights: docs/tasks.md, "What a policy run reports") at
@@ -78,6 +79,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="<out>.png and <out>.json")
     parser.add_argument("--reference", type=Path, help="a published curve (docs/data/shac_ant_georgiev2024.csv)")
     parser.add_argument("--reference-worlds", type=int, default=128, help="its worlds per epoch (their config: 128)")
+    parser.add_argument("--robot", default="ant", help="the env the runs trained (+env=NAME), for the title")
     args = parser.parse_args()
     curves = [curve(run) for run in args.runs]
     published = reference(args.reference) if args.reference else None
@@ -116,7 +118,8 @@ def main() -> None:
     axes[0].set_xlabel("simulated steps (ours: iterations x 32 steps x 64 worlds)")
     axes[1].set_xlabel("iterations (SHAC epochs of 32 steps)")
     axes[0].set_ylabel("episode return (1000 steps)")
-    axes[0].set_title("SHAC on the Ant (+env=ant task=shac), this CPU: against simulated steps")
+    robot = args.robot.capitalize()
+    axes[0].set_title(f"SHAC on the {robot} (+env={args.robot} task=shac), this CPU: against simulated steps")
     axes[1].set_title("against iterations")
     handles, labels = axes[1].get_legend_handles_labels()  # below the panels: inside, it hid a curve
     fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=2)

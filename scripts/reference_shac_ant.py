@@ -1,4 +1,5 @@
-"""A published SHAC-on-the-Ant learning curve, summarised for ``scripts/plot_ant.py --reference``.
+"""A published SHAC learning curve (the Ant's; ``--robot Hopper`` with ``shac_hopper_time.csv``),
+summarised for ``scripts/plot_ant.py --reference``.
 
 The source is the wandb export behind AHAC's figures (Georgiev et al. 2024, "Adaptive Horizon
 Actor-Critic for Policy Learning in Contact-Rich Differentiable Simulation"): the repository
@@ -38,13 +39,14 @@ def main() -> None:
     parser.add_argument("export", type=Path, help="results/data/shac_ant_time.csv of imgeorgiev/DiffRL")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--every", type=int, default=10, help="keep every n-th epoch (and the last)")
+    parser.add_argument("--robot", default="Ant", help="the export's robot, for the header (Hopper, Ant)")
     args = parser.parse_args()
     seeds = per_seed(args.export)
     last = max(max(epochs) for epochs in seeds.values())
     with args.out.open("w", newline="") as f:
         f.write(
-            "# SHAC on DiffRL's Ant as rerun by Georgiev et al. 2024 (AHAC): github.com/imgeorgiev/DiffRL "
-            "results/data/shac_ant_time.csv (commit 9b09828), summarised by scripts/reference_shac_ant.py\n"
+            f"# SHAC on DiffRL's {args.robot} as rerun by Georgiev et al. 2024 (AHAC): github.com/imgeorgiev/DiffRL "
+            f"results/data/{args.export.name} (commit 9b09828), summarised by scripts/reference_shac_ant.py\n"
         )
         out = csv.writer(f)
         out.writerow(["epoch", "seeds", "mean", "std", "min", "max"])

@@ -39,6 +39,7 @@ def test_the_built_wheel_installs_into_a_fresh_venv_and_trains_from_another_fold
     configs = {p.relative_to(ROOT / "configs").as_posix() for p in (ROOT / "configs").rglob("*.yaml")}
     assert {n.removeprefix("harness/configs/") for n in names if n.startswith("harness/configs/")} == configs
     assert "envs/cartpole.py" in names and not any(n.startswith("configs/") for n in names)
+    assert "envs/robot/assets/hopper.xml" in names  # env.asset=harness:hopper.xml
     assert "hydra_plugins/harness_ray_launcher/ray_launcher.py" in names  # hydra/launcher=ray
 
     # A fresh venv that sees this one's third-party packages (a .pth line adds the folder

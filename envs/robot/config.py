@@ -5,15 +5,21 @@ Observation pieces (``observation``, in order; widths for a robot with ``n`` joi
 ``root_rotation`` (4, quaternion x y z w), ``root_linear_velocity`` (3, the centre of mass, world
 frame), ``root_angular_velocity`` (3, world frame), ``joint_q`` (n), ``joint_qd`` (m),
 ``up`` (1: the root's up axis . world up), ``heading`` (1: the root's forward axis . world forward),
-``previous_action`` (a). ``observation_scale`` multiplies a piece (DiffRL scales joint velocities
-by 0.1).
+``previous_action`` (a), ``root_q`` (the root joint's coordinates but its slides along the ground:
+a floating base's height and quaternion, 5; a planar root's height and pitch, 2), ``root_qd`` (the
+root joint's velocities: 6 for a floating base, 3 for a planar root). ``observation_scale``
+multiplies a piece (DiffRL scales joint velocities by 0.1).
 
 Reward terms (``reward``, name -> weight; each term per world and step): ``forward_velocity``
 (centre-of-mass velocity . forward [m/s]), ``upright`` (``up`` above), ``heading`` (``heading``
 above), ``height`` (root height - ``height_reference`` [m]), ``action_cost`` (-sum of the squared
 clipped actions), ``joint_limit_cost`` (-sum of the squared joint-limit violations [rad^2 or m^2]),
-``alive`` (1). ``loss: robot`` (``configs/loss/robot.yaml``) makes the cost of a step minus their
-sum, so ``task=shac`` maximises it.
+``alive`` (1), ``height_shaped`` (DiffRL's Hopper and Humanoid: with ``h`` = root height -
+``height_reference`` clipped to [-1, ``height_cap``], ``h`` where it is positive,
+``-height_penalty h^2`` where negative), ``pitch_cost`` (-pitch^2 [rad^2], the pitch the angle of
+the root's forward axis below the horizontal, about the axis across ``forward``). ``loss: robot``
+(``configs/loss/robot.yaml``) makes the cost of a step minus their sum, so ``task=shac``
+maximises it.
 
 Termination (``termination_height``, ``termination_up``): a state whose root is below the height,
 or whose ``up`` is below the threshold, ends the world's episode; ``task=shac`` restarts the world
@@ -51,6 +57,8 @@ class Piece(enum.IntEnum):
     UP = 7
     HEADING = 8
     PREVIOUS_ACTION = 9
+    ROOT_Q = 10
+    ROOT_QD = 11
 
 
 class Term(enum.IntEnum):
@@ -63,6 +71,8 @@ class Term(enum.IntEnum):
     ACTION_COST = 4
     JOINT_LIMIT_COST = 5
     ALIVE = 6
+    HEIGHT_SHAPED = 7
+    PITCH_COST = 8
 
 
 OBSERVATION_PIECES = tuple(piece.name.lower() for piece in Piece)
@@ -77,7 +87,8 @@ class RobotConfig(NewtonEnvConfig):
     """``configs/env/robot.yaml``: the fields of any robot (module docstring)."""
 
     asset: str = field(
-        doc="the robot file: MJCF (.xml), URDF (.urdf) or USD; 'newton:NAME' for Newton's bundled assets"
+        doc="the robot file: MJCF (.xml), URDF (.urdf) or USD; 'newton:NAME' for Newton's bundled assets, "
+        "'harness:NAME' for the harness's (envs/robot/assets)"
     )
     horizon: int = field(1000, minimum=1, doc="control steps per episode")
     world_count: int = field(64, minimum=1, doc="independent worlds on one ground plane, each with its own start")
@@ -120,6 +131,9 @@ class RobotConfig(NewtonEnvConfig):
         None, minimum=0.0, strict=True, doc="density of every shape [kg/m^3] (null: the file's)"
     )
     armature: float | None = field(None, minimum=0.0, doc="armature of every non-root dof [kg m^2] (null: the file's)")
+    root_armature: float | None = field(
+        None, minimum=0.0, doc="armature of the root joint's dofs [kg or kg m^2] (null: the file's; DiffRL's Hopper 1)"
+    )
     joint_damping: float | None = field(
         None, minimum=0.0, doc="damping of every non-root dof [N m s/rad] (null: the file's)"
     )
@@ -166,7 +180,13 @@ class RobotConfig(NewtonEnvConfig):
     reward: dict[str, float] | None = field(  # noqa: RUF009
         None, finite=True, doc="reward term -> weight (module docstring); null: forward_velocity 1"
     )
-    height_reference: float = field(0.0, doc="the height term is root height - height_reference [m]")
+    height_reference: float = field(0.0, doc="the height terms read root height - height_reference [m]")
+    height_cap: float = field(
+        0.3, minimum=0.0, doc="height_shaped: the most the term gives above height_reference [m] (DiffRL's Hopper 0.3)"
+    )
+    height_penalty: float = field(
+        200.0, minimum=0.0, doc="height_shaped: the quadratic penalty's factor below height_reference (DiffRL 200)"
+    )
     termination_height: float | None = field(None, doc="an episode ends when the root is below this height [m]")
     termination_up: float | None = field(
         None, minimum=-1.0, maximum=1.0, doc="an episode ends when up (root up axis . world up) is below this"

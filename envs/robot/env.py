@@ -109,7 +109,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         scales = cfg.observation_scale or {}
         for piece in cfg.observation:
             width = layout.piece_width(piece)
-            entries = {"joint_q": layout.joint_coords, "joint_qd": layout.joint_dofs}.get(piece, range(width))
+            entries = {"joint_q": layout.joint_coords, "joint_qd": layout.joint_dofs, "root_q": layout.root_q_coords,
+                       "root_qd": layout.root_dofs}.get(piece, range(width))  # fmt: skip
             for i in entries:
                 codes.append(Piece[piece.upper()])
                 index.append(i)
@@ -130,6 +131,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         self._lower = floats([max(lo, -1.0e30) for _, lo, _ in limited])
         self._upper = floats([min(hi, 1.0e30) for _, _, hi in limited])
         self._noisy = ints([c for c, _ in layout.scalar_joints])
+        self._root_slides, self._root_hinges = ints(layout.root_slides), ints(layout.root_hinges)
         self._base_q = floats(self.base_q)
         # what act writes (apply_actions' index, rest, scale, stride, per-step output): the drive's
         # targets, start pose + target_scale x action, or the torques, 0 + torque x action
@@ -158,6 +160,10 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             for w in range(worlds):
                 turn = wp.quat_from_axis_angle(wp.normalize(wp.vec3(*axes[w])), float(angles[w]))
                 q[w, 3:7] = np.array(wp.quat(*q[w, 3:7]) * turn)
+        else:  # a root of slides and hinges: each moved as a floating base's position and rotation
+            slides, hinges = list(layout.root_slides), list(layout.root_hinges)
+            q[:, slides] += rng.uniform(-cfg.noise_position, cfg.noise_position, (worlds, len(slides)))
+            q[:, hinges] += rng.uniform(-cfg.noise_rotation, cfg.noise_rotation, (worlds, len(hinges)))
         coords = [c for c, _ in layout.scalar_joints]
         q[:, coords] += rng.uniform(-cfg.noise_joint_q, cfg.noise_joint_q, (worlds, len(coords)))
         qd = rng.uniform(-cfg.noise_joint_qd, cfg.noise_joint_qd, (worlds, layout.dof_count))
@@ -172,8 +178,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         wp.launch(
             kernels.draw_starts, dim=self.world_count,
             inputs=[DRAW_SEED_OFFSET + cfg.seed, key, self._base_q, self._noisy, int(layout.root_free),
-                    layout.coord_count, layout.dof_count, cfg.noise_position, cfg.noise_rotation, cfg.noise_joint_q,
-                    cfg.noise_joint_qd, len(layout.actuated_dofs)],
+                    self._root_slides, self._root_hinges, layout.coord_count, layout.dof_count, cfg.noise_position,
+                    cfg.noise_rotation, cfg.noise_joint_q, cfg.noise_joint_qd, len(layout.actuated_dofs)],
             outputs=[self.initial["joint_q"], self.initial["joint_qd"], self.initial["prev_action"],
                      self.initial["alive"]],
             device=self.device,
@@ -254,7 +260,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             inputs=[state.joint_q, state.body_q, state.body_qd, state.prev_action, self._terms, self._weights,
                     self._limit_coords, self._lower, self._upper, layout.root_body, layout.body_count,
                     layout.coord_count, len(layout.actuated_dofs), self._up, self._forward, cfg.height_reference,
-                    self._termination, self.current(t).alive, self.segment_base, row - self._base],
+                    cfg.height_cap, cfg.height_penalty, self._termination, self.current(t).alive, self.segment_base,
+                    row - self._base],
             outputs=[self.observed["reward"], self.observed["root_position"], self.observed["terminated"]],
             device=self.device,
         )  # fmt: skip

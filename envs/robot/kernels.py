@@ -146,9 +146,9 @@ def observe(
         value = wp.spatial_top(v)[i]
     elif code == Piece.ROOT_ANGULAR_VELOCITY:
         value = wp.spatial_bottom(v)[i]
-    elif code == Piece.JOINT_Q:
+    elif code == Piece.JOINT_Q or code == Piece.ROOT_Q:
         value = joint_q[w * coord_count + i]
-    elif code == Piece.JOINT_QD:
+    elif code == Piece.JOINT_QD or code == Piece.ROOT_QD:
         value = joint_qd[w * dof_count + i]
     elif code == Piece.UP:
         value = axis_of(wp.transform_get_rotation(X), up, up)
@@ -157,6 +157,22 @@ def observe(
     else:  # Piece.PREVIOUS_ACTION
         value = prev_action[w * action_count + i]
     out[w, c] = scale[c] * value
+
+
+@wp.func
+def pitch_of(q: wp.quat, up: wp.vec3, forward: wp.vec3) -> float:
+    """The angle [rad] of the root's forward axis below the horizontal, in the plane of ``forward`` and
+    ``up`` (a planar robot's hinge about the axis across ``forward``; 0 when level)."""
+    f = wp.quat_rotate(q, forward)
+    return wp.atan2(-wp.dot(f, up), wp.dot(f, forward))
+
+
+@wp.func
+def height_shaped(h: float, cap: float, penalty: float) -> float:
+    """DiffRL's height reward (its Hopper's and Humanoid's ``calculateReward``): ``h`` clipped to
+    [-1, cap], itself above zero and ``-penalty h^2`` below."""
+    x = wp.clamp(h, -1.0, cap)
+    return wp.where(x < 0.0, -penalty * x * x, x)
 
 
 @wp.kernel
@@ -177,6 +193,8 @@ def record(
     up: wp.vec3,
     forward: wp.vec3,
     height_reference: float,
+    height_cap: float,
+    height_penalty: float,
     rule: Termination,
     alive: wp.array(dtype=wp.float32),
     base: wp.array(dtype=wp.int32),
@@ -213,6 +231,11 @@ def record(
                 x = joint_q[w * coord_count + limit_coords[i]]
                 over = wp.max(x - upper[i], 0.0) + wp.max(lower[i] - x, 0.0)
                 value = value - over * over
+        elif code == Term.HEIGHT_SHAPED:
+            value = height_shaped(wp.dot(p, up) - height_reference, height_cap, height_penalty)
+        elif code == Term.PITCH_COST:
+            pitch = pitch_of(q, up, forward)
+            value = -pitch * pitch
         else:  # Term.ALIVE
             value = 1.0
         reward[row, w, k] = weights[k] * value * alive[w]
@@ -339,6 +362,8 @@ def draw_starts(
     base_q: wp.array(dtype=wp.float32),
     noisy_coords: wp.array(dtype=wp.int32),
     root_free: int,
+    root_slides: wp.array(dtype=wp.int32),
+    root_hinges: wp.array(dtype=wp.int32),
     coord_count: int,
     dof_count: int,
     position: float,
@@ -352,7 +377,8 @@ def draw_starts(
     alive: wp.array(dtype=wp.float32),
 ):
     # One world's fresh start, seeded by (seed, key[0]) then the world: the draws in a fixed order
-    # (position, rotation axis and angle, joint coordinates, velocities).
+    # (position, rotation axis and angle, or the root's slides and hinges; joint coordinates,
+    # velocities).
     w = wp.tid()
     stream = wp.rand_init(seed, key[0])
     rng = wp.rand_init(wp.int32(stream), w)
@@ -368,6 +394,11 @@ def draw_starts(
         r = wp.quat(base_q[3], base_q[4], base_q[5], base_q[6]) * turn
         for d in range(4):
             joint_q[q0 + 3 + d] = r[d]
+    else:  # a root of slides and hinges (a planar robot's): each coordinate moved as a floating base's
+        for i in range(root_slides.shape[0]):
+            joint_q[q0 + root_slides[i]] = base_q[root_slides[i]] + wp.randf(rng, -position, position)
+        for i in range(root_hinges.shape[0]):
+            joint_q[q0 + root_hinges[i]] = base_q[root_hinges[i]] + wp.randf(rng, -rotation, rotation)
     for i in range(noisy_coords.shape[0]):
         c = noisy_coords[i]
         joint_q[q0 + c] = base_q[c] + wp.randf(rng, -joint_noise, joint_noise)

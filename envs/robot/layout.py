@@ -16,8 +16,11 @@ import os
 import xml.etree.ElementTree as ElementTree
 from typing import Any, Protocol
 
+import warp as wp
+
 __all__ = [
     "ASSET_KINDS",
+    "HARNESS_ASSETS",
     "NEWTON_ASSETS",
     "RobotFileError",
     "RobotLayout",
@@ -32,6 +35,10 @@ ASSET_KINDS = {".xml": "mjcf", ".mjcf": "mjcf", ".urdf": "urdf", ".usd": "usd", 
 
 NEWTON_ASSETS = "newton:"
 """Prefix of an asset path inside Newton's bundled assets (``newton:nv_ant.xml``)."""
+
+HARNESS_ASSETS = "harness:"
+"""Prefix of an asset path among the robot files the harness brings (``harness:hopper.xml``, in
+``envs/robot/assets``)."""
 
 NO_LIMIT = 1.0e9
 """Newton's 'no limit': a joint limit of this size or more is none."""
@@ -81,12 +88,17 @@ class RobotLayout:
     scalar_joints: tuple[tuple[int, int], ...]  # (coordinate, dof) of every one-coordinate joint but the root
     lower: tuple[float, ...]  # their limits (-inf, inf where the file gives none)
     upper: tuple[float, ...]
+    root_dofs: tuple[int, ...] = ()  # the root joint's dofs (observation piece root_qd)
+    root_q_coords: tuple[int, ...] = ()  # its coordinates but the slides along the ground (piece root_q)
+    root_slides: tuple[int, ...] = ()  # a root that is not a floating base: its slides' coordinates
+    root_hinges: tuple[int, ...] = ()  # ... and its hinges' (start noise: position, rotation)
 
     def piece_width(self, piece: str) -> int:
         widths = {
             "root_height": 1, "root_position": 3, "root_rotation": 4, "root_linear_velocity": 3,
             "root_angular_velocity": 3, "joint_q": len(self.joint_coords), "joint_qd": len(self.joint_dofs),
-            "up": 1, "heading": 1, "previous_action": len(self.actuated_dofs),
+            "up": 1, "heading": 1, "previous_action": len(self.actuated_dofs), "root_q": len(self.root_q_coords),
+            "root_qd": len(self.root_dofs),
         }  # fmt: skip
         return widths[piece]
 
@@ -98,7 +110,10 @@ _LAYOUTS: dict[tuple, RobotLayout] = {}
 
 
 def asset_path(asset: str) -> str:
-    """The file an ``env.asset`` names: a path, or ``newton:NAME`` in Newton's bundled assets."""
+    """The file an ``env.asset`` names: a path, ``newton:NAME`` in Newton's bundled assets, or
+    ``harness:NAME`` among the harness's own (``envs/robot/assets``)."""
+    if asset.startswith(HARNESS_ASSETS):
+        return os.path.join(os.path.dirname(__file__), "assets", asset[len(HARNESS_ASSETS) :])
     if asset.startswith(NEWTON_ASSETS):
         import newton
 
@@ -130,7 +145,9 @@ def load_robot(cfg: FileChoices) -> Any:
             f"accepted: {', '.join(sorted(ASSET_KINDS))} files"
         )
     if not os.path.isfile(path):
-        raise RobotFileError(f"env.asset: no file '{path}'; accepted: an MJCF, URDF or USD file, or newton:NAME")
+        raise RobotFileError(
+            f"env.asset: no file '{path}'; accepted: an MJCF, URDF or USD file, newton:NAME or harness:NAME"
+        )
     up = {"x": newton.Axis.X, "y": newton.Axis.Y, "z": newton.Axis.Z}[cfg.up_axis]
     builder = newton.ModelBuilder(up_axis=up)
     try:
@@ -318,11 +335,45 @@ def _layout(builder: Any, cfg: FileChoices) -> RobotLayout:
     )  # fmt: skip
     lower = tuple(joint_limit(builder.joint_limit_lower[d]) for _, d in scalar)
     upper = tuple(joint_limit(builder.joint_limit_upper[d]) for _, d in scalar)
+    root = _root_coordinates(builder, cfg, root_joint, root_free, q_start, qd_start)
     return RobotLayout(
         joint_names=joint_names, body_names=body_names, root_body=root_body, root_free=root_free,
         coord_count=coord_count, dof_count=dof_count, body_count=builder.body_count, shape_count=builder.shape_count,
         actuated_dofs=tuple(dofs), actuated_names=tuple(joint_names[j] for j in actuated_joints), torque=torque,
         target_coords=tuple(target_coords), target_scale=target["target_scale"], target_ke=target["target_ke"],
         target_kd=target["target_kd"], joint_coords=joint_coords, joint_dofs=joint_dofs, scalar_joints=scalar,
-        lower=lower, upper=upper,
+        lower=lower, upper=upper, **root,
     )  # fmt: skip
+
+
+def _root_coordinates(
+    builder: Any, cfg: FileChoices, joint: int | None, free: bool, q_start: list[int], qd_start: list[int]
+) -> dict[str, tuple[int, ...]]:
+    """The root joint's dofs, the coordinates an observation's ``root_q`` reads (all but the slides
+    along the ground: a floating base's height and quaternion; a planar root's height slide and
+    hinge), and, for a root that is not a floating base, its slides' and hinges' coordinates."""
+    if joint is None:
+        return {}
+    coords = list(range(q_start[joint], q_start[joint + 1] if joint + 1 < len(q_start) else builder.joint_coord_count))
+    dofs = list(range(qd_start[joint], qd_start[joint + 1] if joint + 1 < len(qd_start) else builder.joint_dof_count))
+    up = "xyz".index(cfg.up_axis)
+    found: dict[str, tuple[int, ...]] = {"root_dofs": tuple(dofs)}
+    if free:
+        found["root_q_coords"] = (coords[up], *coords[3:7])
+    elif len(coords) == len(dofs):  # one coordinate per dof: the slides first, then the hinges
+        linear = int(builder.joint_dof_dim[joint][0])
+        turn = builder.joint_X_p[joint][3:7]  # the joint frame's rotation in its parent (the world)
+        slides, hinges, kept = [], [], []
+        for i, (c, d) in enumerate(zip(coords, dofs, strict=True)):
+            if i < linear:
+                slides.append(c)
+                axis = wp.quat_rotate(wp.quat(*turn), wp.vec3(*builder.joint_axis[d]))
+                if abs(float(axis[up])) > 0.5:  # a slide along up (one along the ground is not observed)
+                    kept.append(c)
+            else:
+                hinges.append(c)
+                kept.append(c)
+        found.update(root_q_coords=tuple(kept), root_slides=tuple(slides), root_hinges=tuple(hinges))
+    else:  # a ball joint: its quaternion
+        found["root_q_coords"] = tuple(coords)
+    return found

@@ -55,6 +55,9 @@ def build(cfg: RobotConfig, layout: RobotLayout, world_count: int, device: wp.co
                               (cfg.limit_ke, "joint_limit_ke"), (cfg.limit_kd, "joint_limit_kd")):  # fmt: skip
             if value is not None:
                 getattr(single, target)[d] = value
+    if cfg.root_armature is not None:
+        for d in layout.root_dofs:
+            single.joint_armature[d] = cfg.root_armature
     shapes = collision_shapes(single)
     ground = {}
     ke = cfg.contact_ke

@@ -75,13 +75,15 @@ def settle(cfg: RobotConfig, build: Callable[[RobotConfig], Any]) -> str | None:
         for name in ("joint_q", "joint_qd"):
             wp.copy(env.initial[name], getattr(env.state(1), name))
 
+    env.reset()  # a root that is not a floating base starts where the file's pose puts its body
+    posed = env.state(0).body_q.numpy()[env.layout.root_body]
+    start = float(env.base_q[up]) if env.layout.root_free else float(posed[up])
     one_step()  # eager first: kernels load, the solver allocates
     graph = None
     if env.device.is_cpu or env.device.is_cuda:
         with wp.ScopedCapture(device=env.device) as capture:
             one_step()
         graph = capture.graph
-    start = float(env.base_q[up]) if env.layout.root_free else 0.0
     steps = max(1, round(cfg.settle_time / cfg.dt))
     why = None
     for t in range(1, steps):
