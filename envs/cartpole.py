@@ -75,6 +75,13 @@ class CartpoleConfig(NewtonEnvConfig):
         strict=True,
         doc="clamp the gradient flowing back through each cart force to [-c, c] (harness.adjoint_funcs; null: off)",
     )
+    fall_angle: float | None = field(
+        None,
+        minimum=0.0,
+        strict=True,
+        doc="a state with a pole beyond this angle [rad] has fallen: task=policy's carried windows start such a "
+        "world anew (null: never)",
+    )
     pole_masses: tuple[float, ...] | None = field(
         None,
         length=2,
@@ -209,6 +216,20 @@ def _draw_tilts(
     joint_q[world * dofs_per_world + cart_dof] = wp.randf(rng, -cart, cart)
     for k in range(dofs_per_world):
         joint_qd[world * dofs_per_world + k] = wp.randf(rng, -rate, rate)
+
+
+@wp.kernel
+def _fallen(
+    joint_q: wp.array(dtype=wp.float32), dofs_per_world: int, cart_dof: int, angle: float, out: wp.array(dtype=wp.int32)
+):
+    # 1 where a pole of world w is beyond the angle (or not finite)
+    world = wp.tid()
+    fallen = wp.int32(0)
+    for k in range(dofs_per_world):
+        q = joint_q[world * dofs_per_world + k]
+        if k != cart_dof and not (wp.abs(q) <= angle):
+            fallen = 1
+    out[world] = fallen
 
 
 @wp.kernel
@@ -365,6 +386,17 @@ class CartpoleEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Segmentable):
             outputs=[self.initial["joint_q"], self.initial["joint_qd"]],
             device=self.device,
         )
+
+    def ended_worlds(self, out: wp.array) -> bool:
+        """With ``fall_angle`` set: 1 for every world whose kept last state has a pole beyond it."""
+        if self.config.fall_angle is None:
+            return False
+        wp.launch(
+            _fallen, dim=self.world_count,
+            inputs=[self.carried()["joint_q"], DOFS_PER_WORLD, CART_DOF, self.config.fall_angle], outputs=[out],
+            device=self.device,
+        )  # fmt: skip
+        return True
 
     def control_at(self, t: int) -> newton.Control:
         return self.controls[self.slot(t)]

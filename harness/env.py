@@ -405,9 +405,17 @@ class CarriesState(abc.ABC):
         """Keep a copy of the rollout's last state (values only), for :meth:`carry_final`."""
 
     @abc.abstractmethod
-    def carry_final(self, carry: wp.array) -> None:
+    def carry_final(self, carry: wp.array, restart: wp.array | None = None) -> None:
         """Where ``carry[0]`` is 1, make the kept last state the initial state of the next
-        rollout (a truncated window continues the episode); where 0 leave the initial state."""
+        rollout (a truncated window continues the episode); where 0 leave the initial state.
+        ``restart`` (int32 ``(world_count,)``): worlds whose entry is 1 keep their initial state
+        even where ``carry[0]`` is 1 (their episode ended: :meth:`ended_worlds`)."""
+
+    def ended_worlds(self, out: wp.array) -> bool:
+        """Write 1 into ``out[w]`` (int32 ``(world_count,)``) for every world whose kept last state
+        (:meth:`keep_final`) ends its episode by the env's own rule, 0 for the others, and return
+        True; return False, writing nothing, where the env has no such rule (the default)."""
+        return False
 
     @abc.abstractmethod
     def carried(self) -> dict[str, wp.array]:

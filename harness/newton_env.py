@@ -157,9 +157,15 @@ def _restore_kernel(base: wp.array(dtype=wp.int32), k: int, saved: wp.array2d(dt
 
 
 @wp.kernel
-def _carry_kernel(carry: wp.array(dtype=wp.int32), kept: wp.array(dtype=Any), initial: wp.array(dtype=Any)):
+def _carry_kernel(
+    carry: wp.array(dtype=wp.int32),
+    restart: wp.array(dtype=wp.int32),
+    per_world: int,
+    kept: wp.array(dtype=Any),
+    initial: wp.array(dtype=Any),
+):
     i = wp.tid()
-    if carry[0] != 0:
+    if carry[0] != 0 and restart[wp.min(i // per_world, restart.shape[0] - 1)] == 0:
         initial[i] = kept[i]
 
 
@@ -202,6 +208,7 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         self._carry: dict[str, wp.array] = {}
         self._stash: list[wp.array] | None = None
         self._final: dict[str, wp.array] = {}
+        self._no_restart: wp.array | None = None  # carry_final's restart flags where none are given
         self._built_state: dict[str, wp.array] = {}
         if self.segment_steps is not None:
             k = self.segment_steps
@@ -482,12 +489,17 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         for name, kept in self.carried().items():
             wp.copy(kept, getattr(last, name))
 
-    def carry_final(self, carry: wp.array) -> None:
+    def carry_final(self, carry: wp.array, restart: wp.array | None = None) -> None:
         self.keep_built_initial()
+        if restart is None:
+            if self._no_restart is None:
+                self._no_restart = wp.zeros(self.world_count, dtype=wp.int32, device=self.device)
+            restart = self._no_restart
         for name, kept in self.carried().items():
+            per_world = max(1, kept.size // self.world_count)
             wp.launch(
-                _carry_kernel, dim=kept.size, inputs=[carry, kept.flatten()], outputs=[self.initial[name].flatten()],
-                device=self.device,
+                _carry_kernel, dim=kept.size, inputs=[carry, restart, per_world, kept.flatten()],
+                outputs=[self.initial[name].flatten()], device=self.device,
             )  # fmt: skip
 
     def carried(self) -> dict[str, wp.array]:

@@ -51,7 +51,7 @@ def test_observations_and_rewards_are_diffrls_formulas_of_the_state():
     """DiffRL's Hopper (envs/hopper.py): the observation is joint_q[1:] and joint_qd; the reward is the
     torso's x speed, the height shaped around -0.3 m from the start, 1 - (pitch / (pi/6))^2 and
     -0.1 |a|^2 (the height term from the torso's height, 1.25 m at the start, not its slide)."""
-    worlds, steps = 3, 20
+    worlds, steps = 3, 40
     env = hopper(f"env.world_count={worlds}", f"env.horizon={steps}", "env.settle_time=0")
     env.request({"reward": "all"})
     rng = np.random.default_rng(2)
@@ -80,19 +80,27 @@ def test_observations_and_rewards_are_diffrls_formulas_of_the_state():
         alive = np.ones(worlds) if t == 0 else 1.0 - ended[:t].max(axis=0)  # no reward after an end
         np.testing.assert_allclose(reward[t].sum(axis=1), alive * diffrl, rtol=2e-4, atol=2e-4)
         np.testing.assert_array_equal(ended[t], (q[:, 1] < -0.45).astype(np.float32))  # DiffRL's early termination
+    # met on the way: a fall (whose later rewards count 0) and the height penalty below the reference
+    assert ended[:-1].any()  # ended before the last step: the masking of later rewards is exercised
+    assert (reward[:, :, 1] < 0.0).sum() >= 5
 
 
 def test_starts_move_the_planar_roots_slides_and_hinge_within_the_noise():
-    env = hopper("env.world_count=64", "env.horizon=1", "env.settle_time=0")
+    """Each noise goes where it says: the root's slides (x, z) +-noise_position, its hinge (pitch)
+    +-noise_rotation, the hinges +-noise_joint_q, every velocity +-noise_joint_qd (four distinct
+    values, so a mix-up shows); the host's starts and the device's draws alike."""
+    noise = ("env.noise_position=0.02", "env.noise_rotation=0.04", "env.noise_joint_q=0.06", "env.noise_joint_qd=0.08")
+    env = hopper("env.world_count=64", "env.horizon=1", "env.settle_time=0", *noise)
     # DiffRL's loader gives every joint armature 1, the root's slides and hinge too (root_armature)
     np.testing.assert_array_equal(env.model.joint_armature.numpy().reshape(64, 6), 1.0)
-    host = env.initial["joint_q"].numpy().reshape(64, 6).copy()
+    host = [env.initial[name].numpy().reshape(64, 6).copy() for name in ("joint_q", "joint_qd")]
     env.draw_initial(wp.array([5], dtype=wp.int32))
-    drawn = env.initial["joint_q"].numpy().reshape(64, 6)
-    for q in (host, drawn):
-        assert np.abs(q).max() <= 0.05 + 1e-6  # every coordinate within DiffRL's +-0.05 of its start (0)
-        assert (q.std(axis=0) > 0.02).all()  # and every one moved: the root's x, z and pitch too
-    assert not np.array_equal(host, drawn)
+    drawn = [env.initial[name].numpy().reshape(64, 6).copy() for name in ("joint_q", "joint_qd")]
+    bound = np.array([0.02, 0.02, 0.04, 0.06, 0.06, 0.06])  # x, z, pitch, hip, knee, ankle (the start: all 0)
+    for q, qd in (host, drawn):
+        assert (np.abs(q) <= bound + 1e-6).all() and (np.ptp(q, axis=0) > 1.5 * bound).all()
+        assert (np.abs(qd) <= 0.08 + 1e-6).all() and (np.ptp(qd, axis=0) > 0.12).all()
+    assert not np.array_equal(host[0], drawn[0])
 
 
 def test_at_zero_action_it_folds_and_comes_to_rest_within_the_presets_settle_time():
@@ -128,8 +136,9 @@ def test_a_captured_rollout_equals_the_eager_one_bit_for_bit():
     [
         (["env.height_cap=-0.1"], "env.height_cap", ">= 0"),
         (["env.observation=[root_q,hips]"], "env.observation[1]: 'hips' is not a piece", "root_qd"),
+        (["env.start_height=1.3"], "env.start_height: 'harness:hopper.xml' has no floating base", "null"),
     ],
-    ids=["cap", "piece"],
+    ids=["cap", "piece", "start_height"],
 )
 def test_bad_values_are_refused_in_one_line(tmp_path, args, field, accepted):
     proc = train(["+env=hopper", *args, "iterations=1"], tmp_path)

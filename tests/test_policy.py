@@ -180,6 +180,33 @@ def test_before_carry_from_every_window_starts_fresh_then_windows_carry(capture)
     assert not np.array_equal(starts[4], draws[4])
 
 
+@pytest.mark.parametrize("capture", [False, True])
+def test_a_carried_world_whose_pole_fell_starts_anew_and_the_others_carry_on(capture):
+    """env.fall_angle: at a carried window's start, a world whose kept state has a pole beyond
+    the angle starts from the iteration's fresh draw; the others continue where they ended."""
+    t = trainer(small_policy(window=4), iterations=1, capture=capture, horizon=12, world_count=8, fall_angle=0.1)
+    env, step = t.env, t.step
+    key = wp.zeros(1, dtype=wp.int32, device="cpu")
+    starts, ends = [], []
+    for it in range(3):
+        step.set_iteration(it)
+        step.iteration()
+        starts.append(env.state(0).joint_q.numpy().reshape(8, 3).copy())
+        ends.append(env.state(4).joint_q.numpy().reshape(8, 3).copy())
+    mixed = 0
+    for it in (1, 2):  # windows 2 and 3 of the episode carry
+        key.fill_(it)
+        env.draw_initial(key)
+        drawn = env.initial_state()["joint_q"].numpy().reshape(8, 3)
+        fell = np.any(np.abs(ends[it - 1][:, 1:]) > 0.1, axis=1)
+        np.testing.assert_array_equal(starts[it][fell], drawn[fell])
+        np.testing.assert_array_equal(starts[it][~fell], ends[it - 1][~fell])
+        mixed += int(fell.any() and not fell.all())
+    assert mixed  # both kinds of world were met
+    env.restore_initial()
+    assert not CartpoleEnv(CartpoleConfig(world_count=2), device="cpu").ended_worlds(wp.zeros(2, dtype=wp.int32))
+
+
 def test_evaluation_rollouts_start_from_the_env_own_states_and_do_not_disturb_training(tmp_path):
     t = trainer(small_policy(window=4), iterations=2, capture=False, horizon=12)
     env = t.env
@@ -191,14 +218,16 @@ def test_evaluation_rollouts_start_from_the_env_own_states_and_do_not_disturb_tr
     np.testing.assert_array_equal(env.carried()["joint_q"].numpy(), carried)
 
 
-def test_resume_mid_episode_matches_an_uninterrupted_run_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("fall_angle", [None, 0.1])
+def test_resume_mid_episode_matches_an_uninterrupted_run_bit_for_bit(tmp_path, fall_angle):
     """The checkpoint holds the carried state: 3 iterations, stop, resume to 7 equals 7 in one go
-    (window 4 of a 12-step episode: iteration 3 is mid-episode)."""
-    whole = trainer(small_policy(window=4), iterations=7, horizon=12)
+    (window 4 of a 12-step episode: iteration 3 is mid-episode); with env.fall_angle too (which
+    worlds start anew is read from the carried state)."""
+    whole = trainer(small_policy(window=4), iterations=7, horizon=12, fall_angle=fall_angle)
     whole.fit(tmp_path / "whole")
-    first = trainer(small_policy(window=4), iterations=4, horizon=12)
+    first = trainer(small_policy(window=4), iterations=4, horizon=12, fall_angle=fall_angle)
     first.fit(tmp_path / "split")
-    resumed = trainer(small_policy(window=4), iterations=7, horizon=12, resume="auto")
+    resumed = trainer(small_policy(window=4), iterations=7, horizon=12, resume="auto", fall_angle=fall_angle)
     resumed.fit(tmp_path / "split")
     for key, value in whole.state.arrays().items():
         np.testing.assert_array_equal(value.numpy(), resumed.state.arrays()[key].numpy(), err_msg=key)

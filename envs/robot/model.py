@@ -111,6 +111,11 @@ def start_pose(cfg: RobotConfig, layout: RobotLayout, single: Any) -> np.ndarray
         base_q[coords] = cfg.start_joint_q
     else:
         clamp_into_limits(layout, single, base_q)
+    if not layout.root_free and cfg.start_height is not None:
+        raise RobotFileError(
+            f"env.start_height: '{cfg.asset}' has no floating base to place (its root body moves on joints of "
+            "its own); accepted: null (the file's pose), or env.start_joint_q"
+        )
     if layout.root_free:
         up = "xyz".index(cfg.up_axis)
         base_q[0:3] = 0.0

@@ -18,7 +18,9 @@ resumed run draws what it would have drawn. With ``window`` shorter than the env
 horizon, one optimizer step sees ``window`` steps and the next window continues from the
 state the last one ended in (truncated backpropagation through time, as SHAC, Xu et al.
 2022, does it, here without a critic); ``window = horizon`` is full backpropagation
-through time. Outside training (evaluation, plots, ``harness evaluate``) a rollout starts
+through time; a world whose carried state ends its episode by the env's own rule
+(:meth:`~harness.env.CarriesState.ended_worlds`: the cartpole's ``env.fall_angle``) starts anew
+from its fresh draw instead. Outside training (evaluation, plots, ``harness evaluate``) a rollout starts
 from the env's own initial states (``env.seed``) over the whole horizon.
 """
 
@@ -69,6 +71,7 @@ class _Buffers:
     observations: wp.array  # (horizon, world_count, observation_dim)
     actions: wp.array  # (horizon, world_count, action_dim)
     carry: wp.array  # int32 (1,): continue the episode (1) or start a new one (0)
+    restart: wp.array  # int32 (world_count,): a world whose carried state ended starts anew (1)
     # With segment graphs: one segment's rows, addressed by slot (the same in every segment)
     segment_observations: wp.array | None = None  # (segment_steps, world_count, observation_dim)
     segment_actions: wp.array | None = None  # (segment_steps, world_count, action_dim)
@@ -235,6 +238,7 @@ class Policy(Task):
                 observations=wp.zeros((*rows, obs), device=env.device, requires_grad=True),
                 actions=wp.zeros((*rows, act), device=env.device, requires_grad=True),
                 carry=wp.zeros(1, dtype=wp.int32, device=env.device),
+                restart=wp.zeros(env.world_count, dtype=wp.int32, device=env.device),
             )
             if segment is not None:
                 found.segment_observations = wp.zeros(
@@ -258,7 +262,10 @@ class Policy(Task):
                 per_episode = self._episode // env.horizon
                 wp.launch(_episode_flags, dim=1, inputs=[self.training_key, per_episode, self.carry_from],
                           outputs=[buffers.carry], device=env.device)  # fmt: skip
-                env.carry_final(buffers.carry)
+                # a world whose kept state ended its episode by the env's rule (the cartpole's
+                # env.fall_angle) starts anew from its fresh draw, as in SHAC's early termination
+                ended = env.ended_worlds(buffers.restart)
+                env.carry_final(buffers.carry, buffers.restart if ended else None)
         env.reset()
 
     def zero_grad(self, env: Env) -> None:
