@@ -41,6 +41,7 @@ def curve(run: Path) -> dict:
         "run": str(run),
         "seed": config.get("seed"),
         "planned_iterations": config.get("iterations"),
+        "worlds": int(config["env"]["world_count"]),
         "steps": [step * per_iteration for step in sorted(points)],
         "iterations": sorted(points),
         "return": [points[step] for step in sorted(points)],
@@ -115,7 +116,8 @@ def main() -> None:
                 held = f"seed {c['seed']}: 64 held-out starts (env.seed=7), {speed:.2f} m/s"
                 ax.plot([where], [h["episode_return"]], "*", color=colour, markersize=14, label=held)
         ax.grid(alpha=0.3)
-    axes[0].set_xlabel("simulated steps (ours: iterations x 32 steps x 64 worlds)")
+    worlds = "/".join(str(w) for w in sorted({c["worlds"] for c in curves}))
+    axes[0].set_xlabel(f"simulated steps (ours: iterations x 32 steps x {worlds} worlds)")
     axes[1].set_xlabel("iterations (SHAC epochs of 32 steps)")
     axes[0].set_ylabel("episode return (1000 steps)")
     robot = args.robot.capitalize()
