@@ -208,7 +208,7 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
         self._carry: dict[str, wp.array] = {}
         self._stash: list[wp.array] | None = None
         self._final: dict[str, wp.array] = {}
-        self._no_restart: wp.array | None = None  # carry_final's restart flags where none are given
+        self._carry_all = wp.zeros(self.world_count, dtype=wp.int32, device=self.device)  # carry_final: no restarts
         self._built_state: dict[str, wp.array] = {}
         if self.segment_steps is not None:
             k = self.segment_steps
@@ -491,10 +491,7 @@ class NewtonEnv(Env, CarriesState, Identifiable, Renderable):
 
     def carry_final(self, carry: wp.array, restart: wp.array | None = None) -> None:
         self.keep_built_initial()
-        if restart is None:
-            if self._no_restart is None:
-                self._no_restart = wp.zeros(self.world_count, dtype=wp.int32, device=self.device)
-            restart = self._no_restart
+        restart = self._carry_all if restart is None else restart
         for name, kept in self.carried().items():
             per_world = max(1, kept.size // self.world_count)
             wp.launch(

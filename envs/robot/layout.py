@@ -325,8 +325,8 @@ def _layout(builder: Any, cfg: FileChoices) -> RobotLayout:
         own_coords, own_dofs = span(q_start, coord_count, j), span(qd_start, dof_count, j)
         target_coords.extend(own_coords if len(own_coords) == len(own_dofs) else [-1] * len(own_dofs))
     target = _drive(builder, cfg, dofs, target_coords)
-    root_coords = set(span(q_start, coord_count, root_joint)) if root_joint is not None else set()
-    root_dofs = set(span(qd_start, dof_count, root_joint)) if root_joint is not None else set()
+    root_coords = list(span(q_start, coord_count, root_joint)) if root_joint is not None else []
+    root_dofs = list(span(qd_start, dof_count, root_joint)) if root_joint is not None else []
     joint_coords = tuple(c for c in range(coord_count) if c not in root_coords)
     joint_dofs = tuple(d for d in range(dof_count) if d not in root_dofs)
     scalar = tuple(
@@ -335,7 +335,7 @@ def _layout(builder: Any, cfg: FileChoices) -> RobotLayout:
     )  # fmt: skip
     lower = tuple(joint_limit(builder.joint_limit_lower[d]) for _, d in scalar)
     upper = tuple(joint_limit(builder.joint_limit_upper[d]) for _, d in scalar)
-    root = _root_coordinates(builder, cfg, root_joint, root_free, q_start, qd_start)
+    root = _root_coordinates(builder, cfg, root_joint, root_free, root_coords, root_dofs)
     return RobotLayout(
         joint_names=joint_names, body_names=body_names, root_body=root_body, root_free=root_free,
         coord_count=coord_count, dof_count=dof_count, body_count=builder.body_count, shape_count=builder.shape_count,
@@ -347,15 +347,14 @@ def _layout(builder: Any, cfg: FileChoices) -> RobotLayout:
 
 
 def _root_coordinates(
-    builder: Any, cfg: FileChoices, joint: int | None, free: bool, q_start: list[int], qd_start: list[int]
+    builder: Any, cfg: FileChoices, joint: int | None, free: bool, coords: list[int], dofs: list[int]
 ) -> dict[str, tuple[int, ...]]:
     """The root joint's dofs, the coordinates an observation's ``root_q`` reads (all but the slides
     along the ground: a floating base's height and quaternion; a planar root's height slide and
-    hinge), and, for a root that is not a floating base, its slides' and hinges' coordinates."""
+    hinge), and, for a root that is not a floating base, its slides' and hinges' coordinates
+    (``coords``, ``dofs``: the root joint's own)."""
     if joint is None:
         return {}
-    coords = list(range(q_start[joint], q_start[joint + 1] if joint + 1 < len(q_start) else builder.joint_coord_count))
-    dofs = list(range(qd_start[joint], qd_start[joint + 1] if joint + 1 < len(qd_start) else builder.joint_dof_count))
     up = "xyz".index(cfg.up_axis)
     found: dict[str, tuple[int, ...]] = {"root_dofs": tuple(dofs)}
     if free:
