@@ -810,6 +810,8 @@ ADDED_FIELDS = {
     "env.target_scale": _torque_control,
     "env.target_ke": _torque_control,
     "env.target_kd": _torque_control,
+    "env.effort_limit": _torque_control,
+    "env.velocity_limit": _torque_control,
     "env.round_cylinders": _square_cylinders,
 }
 """Config keys added after checkpoints were written, and when the current config's value does

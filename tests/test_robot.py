@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from harness.memory import segmented_forward_backward
 from harness.tasks import OpenLoop, prepare
 from harness.tasks import shac_kernels as k
 from harness.training.step import check_capture, taped_rollout, zero_grads
-from tests.helpers import run_harness
+from tests.helpers import ROOT, run_harness
 from tests.test_checkpoint import final_checkpoint, newest_iteration, start, train, wait_for
 from tests.test_errors import assert_clean_rejection
 
@@ -73,8 +74,32 @@ def test_a_file_given_alone_loads_with_the_files_own_actuators_and_torques():
         (["env.control=position"], "env.target_ke: control=position needs a drive stiffness", "one value [N m/rad]"),
         (["env.control=position", "env.target_ke=[1,2]"], "env.target_ke: needs 1 or 8 values", "got 2"),
         (["env.control=speed"], "env.control: expected torque or position", "got 'speed'"),
+        (
+            ["env.control=position", "env.target_ke=[10]", "env.effort_limit=[1,2]"],
+            "env.effort_limit: needs 1 or 8",
+            "got 2",
+        ),
+        (
+            ["env.control=position", "env.target_ke=[10]", "env.velocity_limit=[0]"],
+            "env.velocity_limit[0]: must be",
+            "> 0, got 0",
+        ),
     ],
-    ids=["missing", "unknown_kind", "joint", "body", "torque", "piece", "term", "start", "no_gain", "gains", "control"],
+    ids=[
+        "missing",
+        "unknown_kind",
+        "joint",
+        "body",
+        "torque",
+        "piece",
+        "term",
+        "start",
+        "no_gain",
+        "gains",
+        "control",
+        "effort_count",
+        "no_speed",
+    ],
 )
 def test_bad_robot_files_and_names_are_refused_in_one_line_before_anything_is_written(tmp_path, args, field, accepted):
     proc = train(["+env=ant", *args, "iterations=1"], tmp_path)
@@ -429,6 +454,16 @@ def test_the_quadruped_urdf_passes_its_gradcheck_and_trains_a_few_shac_iteration
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "finished" and np.isfinite(summary["final_loss"])
+    # scripts/plot_gait.py on the run: one held-out world's feet, counted and drawn
+    gait = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "plot_gait.py"), "run", "--start", "0.1", "--seconds", "0.3",
+         "--out", "gait"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert gait.returncode == 0, gait.stderr
+    figures = json.loads((tmp_path / "gait.json").read_text())
+    assert sorted(figures["feet"]) == ["LF_SHANK", "LH_SHANK", "RF_SHANK", "RH_SHANK"]
+    assert all(0.0 <= foot["duty_factor"] <= 1.0 for foot in figures["feet"].values())
+    assert 20.0 < figures["mass_kg"] < 40.0 and (tmp_path / "gait.png").stat().st_size > 10_000
 
 
 def test_position_control_drives_to_start_pose_plus_scaled_action_and_holds_the_quadruped_up():
@@ -459,6 +494,91 @@ def test_position_control_drives_to_start_pose_plus_scaled_action_and_holds_the_
     assert (heights["torque"] < 0.2).all(), heights  # folded: the base on the ground
 
 
+def _drive_torques(q, qd, target, *, ke=100.0, kd=2.0, effort=80.0, speed=20.0, lower=-1.0, upper=1.0):
+    """kernels.drive on one world with one dof per (q, qd, target) triple; the torques and their
+    gradients with respect to the targets (a tape through the kernel)."""
+    from envs.robot import kernels
+
+    n = len(q)
+    d = kernels.Drive()
+    ints = lambda v: wp.array(np.asarray(v, np.int32), dtype=wp.int32)  # noqa: E731
+    floats = lambda v: wp.array(np.asarray(v, np.float32), dtype=wp.float32)  # noqa: E731
+    d.coords, d.dofs = ints(range(n)), ints(range(n))
+    d.ke, d.kd, d.lower, d.upper = floats([ke] * n), floats([kd] * n), floats([lower] * n), floats([upper] * n)
+    d.effort, d.speed = floats([effort] * n), floats([speed] * n)
+    d.coord_count, d.dof_count = n, n
+    targets = wp.array(np.asarray(target, np.float32), dtype=wp.float32, requires_grad=True)
+    out = wp.zeros(n, dtype=wp.float32, requires_grad=True)
+    tape = wp.Tape()
+    with tape:
+        wp.launch(kernels.drive, dim=(1, n), inputs=[floats(q), floats(qd), targets, d], outputs=[out])
+    tape.backward(grads={out: wp.ones(n, dtype=wp.float32)})
+    return out.numpy(), targets.grad.numpy()
+
+
+def test_the_drive_keeps_its_effort_limit_and_a_dc_motors_torque_speed_line():
+    """control=position's drive (kernels.drive): the PD torque ke (target - q) - kd qd inside
+    [-effort, effort] at rest; in the direction of motion the bound falls linearly to 0 at the
+    speed limit, against it the full effort brakes; past a joint limit the drive is cut (as
+    Newton's); where clamped the torque has no gradient with respect to the target."""
+    q = [0.0, 0.0, 0.0, 0.0, 0.0, 1.5]
+    qd = [0.0, 0.0, 10.0, -10.0, 30.0, 0.0]
+    target = [0.3, 2.0, 2.0, 2.0, 2.0, 0.0]
+    tau, grad = _drive_torques(q, qd, target)
+    expected = [
+        30.0,  # 100 x 0.3: inside every bound
+        80.0,  # 200 at rest: the effort limit
+        40.0,  # 200 - 20 moving at half the speed limit toward the target: 80 x (1 - 10/20)
+        80.0,  # 200 + 20 moving away from it (braking is not limited by speed): 80
+        0.0,  # past the speed limit in the direction of motion: nothing more
+        0.0,  # past the joint's upper limit (1.0): the drive is cut
+    ]
+    np.testing.assert_allclose(tau, expected, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(grad, [100.0, 0.0, 0.0, 0.0, 0.0, 0.0], rtol=1e-6)
+    # no limits: Newton's PD law itself
+    tau, grad = _drive_torques(q[:5], qd[:5], target[:5], effort=1.0e30, speed=1.0e30)
+    np.testing.assert_allclose(tau, [30.0, 200.0, 180.0, 220.0, 140.0], rtol=1e-6)
+    np.testing.assert_allclose(grad, [100.0] * 5, rtol=1e-6)
+
+
+def test_the_quadruped_drive_reads_the_urdfs_limits_and_unlimited_is_newtons_own_drive():
+    """The quadruped preset's drive takes the URDF's <limit effort="80" velocity="20">, keeps every
+    substep's torque within 80 N m (the step's figures say how often it is there), and with both
+    limits off (inf) rolls out as Featherstone's own joint drive does (the torque moved from
+    Newton's drive term to joint_f: the same to float32 rounding)."""
+    quiet = ("env.world_count=2", "env.horizon=12", "env.settle_time=0")
+    env = robot("quadruped", *quiet)
+    assert env.layout.effort_limit == (80.0,) * 12 and env.layout.velocity_limit == (20.0,) * 12
+    rng = np.random.default_rng(0)
+    actions = wp.array(rng.uniform(-1.0, 1.0, (12, 2, 12)).astype(np.float32))
+
+    def rollout(env: RobotEnv) -> np.ndarray:
+        env.request({"reward": "all"})
+        env.reset()
+        for t in range(12):
+            env.act(t, actions)
+            env.step(t)
+            env.write_observables(t)
+        return env.state(12).joint_q.numpy()
+
+    rollout(env)
+    assert np.abs(env._drive_f.numpy()).max() <= 80.0 + 1e-4
+    figures = env.describe(dict(env.observed))
+    assert figures["drive_peak_fraction"] == pytest.approx(1.0, abs=1e-5)  # random targets 1 rad apart: at 80
+    assert 0.0 < figures["drive_saturated_fraction"] <= 1.0 and figures["drive_torque_peak"] <= 80.0 + 1e-4
+    free = robot("quadruped", *quiet, "env.effort_limit=[inf]", "env.velocity_limit=[inf]")
+    ours = rollout(free)
+    assert np.abs(free._drive_f.numpy()).max() > 100.0  # the same targets ask for more than 80
+    newton_drive = robot("quadruped", *quiet, "env.effort_limit=[inf]", "env.velocity_limit=[inf]")
+    ke, kd = newton_drive.model.joint_target_ke.numpy(), newton_drive.model.joint_target_kd.numpy()
+    dofs = [w * newton_drive.layout.dof_count + d for w in range(2) for d in newton_drive.layout.actuated_dofs]
+    ke[dofs], kd[dofs] = 150.0, 3.0
+    newton_drive.model.joint_target_ke.assign(ke)
+    newton_drive.model.joint_target_kd.assign(kd)
+    newton_drive._drive_f = None  # Featherstone's drive term instead of the env's kernel
+    np.testing.assert_allclose(rollout(newton_drive), ours, rtol=1e-4, atol=1e-4)
+
+
 def test_flat_cylinder_ends_part_the_tape_from_differences_and_capsules_do_not():
     """Why the quadruped rounds its cylinders (docs/robots.md): with the URDF's flat-ended legs the
     tape and central differences disagree through touchdowns within 10 steps; the same legs
@@ -484,7 +604,15 @@ def test_a_checkpoint_from_before_the_drive_settings_resumes_where_they_change_n
     for preset, refused in (("ant", None), ("quadruped", "env.control")):
         cfg, _ = config.compose_config("train", [f"+env={preset}"])
         saved = OmegaConf.to_container(cfg, resolve=True)
-        for key in ("control", "target_scale", "target_ke", "target_kd", "round_cylinders"):
+        for key in (
+            "control",
+            "target_scale",
+            "target_ke",
+            "target_kd",
+            "effort_limit",
+            "velocity_limit",
+            "round_cylinders",
+        ):
             saved["env"].pop(key)
         if preset == "quadruped":
             saved["env"]["torque"] = [40.0]  # what the preset was: torques, cylinders

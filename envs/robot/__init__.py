@@ -24,10 +24,13 @@ Every control step:
 1. ``act``: the action, clipped to [-1, 1], times each actuated dof's torque scale into the
    step's ``joint_f`` (``control: torque``), or, with ``control: position``, each actuated dof's
    start coordinate plus ``target_scale`` times the action into the step's ``joint_target_q``,
-   which Featherstone's joint drive tracks every substep with the torque
-   ``target_ke (target - q) - target_kd qd`` (a PD drive: the way legged robots are commonly
-   trained, e.g. Rudin et al. 2022; unlimited: Newton's drive has no effort limit); the clipped
-   action is also written into the next state as its
+   which the env's drive tracks on every substep (:func:`envs.robot.kernels.drive`, on the tape)
+   with the torque ``target_ke (target - q) - target_kd qd`` (a PD drive: the way legged robots
+   are commonly trained, e.g. Rudin et al. 2022), cut past a joint limit as Newton's joint drive
+   is, and held inside a DC motor's envelope: at most ``effort_limit`` at rest, the bound in the
+   direction of motion falling linearly to 0 at ``velocity_limit`` (both the file's unless the
+   YAML sets them; Newton's own drive, which has no effort limit, is off for these dofs); the
+   clipped action is also written into the next state as its
    ``prev_action`` (a state field: a restart clears it, a segment saves it, an observation reads
    it, and the gradient flows from an observation of it back into the action).
 2. ``step``: forward kinematics of the step's first state (its ``body_q`` from its ``joint_q``:
@@ -42,7 +45,9 @@ Every control step:
    README's Featherstone trap), and the substeps in between read that set: holding the matrix is
    part of the forward model, and the tape differentiates what was simulated.
 3. ``write_observables``: per step ``reward`` (one column per configured reward term, weighted),
-   ``root_position`` [m] and ``terminated`` (1.0 where the state meets the termination rule).
+   ``root_position`` [m] and ``terminated`` (1.0 where the state meets the termination rule);
+   with ``control: position`` also ``drive`` (the step's largest torque over its effort limit,
+   largest torque and largest joint speed: what ``evaluate`` reports of the motors).
 
 The package, one concern a module:
 

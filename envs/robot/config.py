@@ -122,6 +122,24 @@ class RobotConfig(NewtonEnvConfig):
     target_kd: tuple[float, ...] | None = field(
         None, minimum=0.0, doc="control=position: drive damping [N m s/rad or N s/m], one or per dof (null: the file's)"
     )
+    effort_limit: tuple[float, ...] | None = field(
+        None,
+        minimum=0.0,
+        strict=True,
+        finite=False,
+        doc="control=position: the most torque [N m] (or force [N]) the drive gives on any substep, one or per "
+        "dof (null: the file's, a URDF <limit effort> or MJCF actuatorfrcrange; inf (.inf in YAML) or none "
+        "given: unlimited)",
+    )
+    velocity_limit: tuple[float, ...] | None = field(
+        None,
+        minimum=0.0,
+        strict=True,
+        finite=False,
+        doc="control=position: the joint speed [rad/s or m/s] at which the drive's torque in the direction of "
+        "motion falls to 0, linearly from effort_limit at rest (a DC motor; null: the file's <limit velocity>; "
+        "inf or none given: no fall)",
+    )
     root: str | None = field(None, doc="name of the root body (null: the floating base's body)")
     up_axis: str = field("z", choices=("x", "y", "z"), doc="the world's up axis")
     forward: tuple[float, ...] = field(
@@ -231,7 +249,10 @@ class RobotConfig(NewtonEnvConfig):
         return robot_layout(self)
 
     def observable_dims(self) -> dict[str, int]:
-        return {"reward": len(self.reward_terms()), "root_position": 3, "terminated": 1}
+        dims = {"reward": len(self.reward_terms()), "root_position": 3, "terminated": 1}
+        if self.control == "position":
+            dims["drive"] = 3  # what the drive gave (kernels.drive_load)
+        return dims
 
     def action_dim(self) -> int:
         return len(self.layout().actuated_dofs)

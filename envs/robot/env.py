@@ -12,7 +12,7 @@ import warp as wp
 
 from envs.robot import kernels, model
 from envs.robot.config import Piece, RobotConfig, Term
-from envs.robot.report import blown_up, episode_figures
+from envs.robot.report import blown_up, drive_figures, episode_figures
 from envs.robot.settle import check_settles
 from harness.env import DrawsStarts, PolicyEnv, Restarts, Segmentable, Terminates, Trajectory, host_rng
 from harness.newton_env import NewtonEnv
@@ -50,6 +50,14 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         if cfg.control == "position":
             self.joint_target_q = wp.array(
                 np.tile(self.model.joint_target_q.numpy(), (kept, 1)), dtype=wp.float32, device=self.device,
+                requires_grad=True,
+            )  # fmt: skip
+        # control=position: per step kept and substep, the drive's torques (kernels.drive writes them
+        # before every substep; Newton's own drive is off for these dofs: it has no effort limit)
+        self._drive_f = None
+        if self.joint_target_q is not None:
+            self._drive_f = wp.zeros(
+                (kept, cfg.substeps, self.model.joint_dof_count), dtype=wp.float32, device=self.device,
                 requires_grad=True,
             )  # fmt: skip
         self.controls = []
@@ -141,6 +149,14 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         else:
             self._action_out = (ints(layout.actuated_dofs), floats(np.zeros(layout.dof_count)), floats(layout.torque),
                                 layout.dof_count, self.joint_f)  # fmt: skip
+        if self.joint_target_q is not None:
+            self._drive = kernels.Drive()
+            self._drive.coords, self._drive.dofs = ints(layout.target_coords), ints(layout.actuated_dofs)
+            self._drive.ke, self._drive.kd = floats(layout.target_ke), floats(layout.target_kd)
+            self._drive.lower, self._drive.upper = floats(layout.drive_lower), floats(layout.drive_upper)
+            self._drive.effort = floats(np.minimum(layout.effort_limit, 1.0e30))  # inf: none
+            self._drive.speed = floats(np.minimum(layout.velocity_limit, 1.0e30))
+            self._drive.coord_count, self._drive.dof_count = layout.coord_count, layout.dof_count
         self._up = wp.vec3(*np.eye(3)["xyz".index(cfg.up_axis)])
         self._forward = wp.vec3(*cfg.forward)
         # what ends an episode: the same for every step and every kernel that asks (kernels.ends)
@@ -221,6 +237,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
                 contacts = self.contacts[slot][k // cfg.collide_every]
                 self.pipeline.collide(source, contacts)
             self.substeps.prepare(slot, k)
+            if self._drive_f is not None:
+                self._apply_drive(slot, k, source)
             source.clear_forces()
             if self.kd_depth is not None:  # Hunt-Crossley: the contacts' damping as external wrenches
                 self._damp(source, contacts)
@@ -239,6 +257,17 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             inputs=[last.body_q, kernels.contact_set(self.model, contacts)], outputs=[touching], device=self.device,
             record_tape=False,
         )  # fmt: skip
+
+    def _apply_drive(self, slot: int, k: int, state: newton.State) -> None:
+        """The drive's torques on substep ``k`` of the step in ``slot``, from ``state`` and the step's
+        targets (:func:`~envs.robot.kernels.drive`), as the joint forces that substep applies."""
+        torques = self._drive_f[slot, k]
+        wp.launch(
+            kernels.drive, dim=(self.world_count, len(self.layout.actuated_dofs)),
+            inputs=[state.joint_q, state.joint_qd, self.joint_target_q[slot], self._drive], outputs=[torques],
+            device=self.device,
+        )  # fmt: skip
+        self.controls[slot].joint_f = torques
 
     def _damp(self, state: newton.State, contacts: newton.Contacts) -> None:
         """Add the Hunt-Crossley damping of the substep from ``state`` to its external wrenches
@@ -265,6 +294,12 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             outputs=[self.observed["reward"], self.observed["root_position"], self.observed["terminated"]],
             device=self.device,
         )  # fmt: skip
+        if self._drive_f is not None:
+            wp.launch(
+                kernels.drive_load, dim=self.world_count,
+                inputs=[self._drive_f[self.store(t)], state.joint_qd, self._drive, self.segment_base, row - self._base],
+                outputs=[self.observed["drive"]], device=self.device, record_tape=False,
+            )  # fmt: skip
 
     def request(self, wanted: dict[str, str]) -> None:
         # one launch writes the three observables: every one is kept, at the widest mode asked for
@@ -298,7 +333,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         return self.slot(t) if self.config.per_step_states else 0
 
     def step_arrays(self) -> list[wp.array]:
-        targets = [] if self.joint_target_q is None else [self.joint_target_q]
+        targets = [] if self.joint_target_q is None else [self.joint_target_q, self._drive_f]
         return [self.joint_f, *targets, *self.substeps.arrays()]
 
     # -- what a run reports ------------------------------------------------------------------------
@@ -318,6 +353,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         )  # fmt: skip
         for k, term in enumerate(self.config.reward_terms()):
             found[f"reward_{term}_per_step"] = float(reward[:, :, k].mean())
+        if "drive" in trajectory and trajectory["drive"].shape[0] == self.horizon:
+            found.update(drive_figures(trajectory["drive"].numpy(), trajectory["terminated"].numpy()))
         return found
 
     def component_names(self) -> dict[str, list[str]]:
@@ -325,6 +362,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             "reward": [f"{term} (weighted)" for term in self.config.reward_terms()],
             "root_position": ["root x [m]", "root y [m]", "root z [m]"],
             "terminated": ["episode ended (1)"],
+            "drive": ["largest |torque| / effort limit", "largest |torque| [N m]", "largest |joint speed| [rad/s]"],
         }
 
     def touching(self) -> np.ndarray:

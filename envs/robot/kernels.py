@@ -1,7 +1,8 @@
 """The robot env's Warp kernels and functions, beside the thin host class in :mod:`envs.robot.env`.
 
 Every launch of a control step is here: the action into the step's torques or drive targets
-(:func:`apply_actions`), the observation (:func:`observe`), the step's observables
+(:func:`apply_actions`), ``control: position``'s torque-limited drive on every substep
+(:func:`drive`), the observation (:func:`observe`), the step's observables
 (:func:`record`), the termination flags (:func:`flag_ends`, :func:`survive`), the contacts'
 marks and Hunt-Crossley damping (:func:`mark_contacts`, :func:`hunt_crossley`) and the device
 draw of fresh starts (:func:`draw_starts`). An observation's columns and a reward's terms carry
@@ -109,6 +110,89 @@ def apply_actions(
     a = wp.clamp(actions[base[0] + slot, w, i], -1.0, 1.0)
     out[w * stride + index[i]] = rest[index[i]] + a * scale[i]
     prev_action[w * index.shape[0] + i] = a
+
+
+@wp.struct
+class Drive:
+    """``control: position``'s drive, per actuated dof (:func:`drive`, built once per env): its
+    coordinate and dof within a world, gains, joint limits, effort limit and the speed at which its
+    torque in the direction of motion falls to zero (1e30 where there is none)."""
+
+    coords: wp.array(dtype=wp.int32)
+    dofs: wp.array(dtype=wp.int32)
+    ke: wp.array(dtype=wp.float32)
+    kd: wp.array(dtype=wp.float32)
+    lower: wp.array(dtype=wp.float32)
+    upper: wp.array(dtype=wp.float32)
+    effort: wp.array(dtype=wp.float32)
+    speed: wp.array(dtype=wp.float32)
+    coord_count: int
+    dof_count: int
+
+
+@wp.func
+def drive_torque(q: float, qd: float, target: float, ke: float, kd: float, lower: float, upper: float,
+                 effort: float, speed: float) -> float:  # fmt: skip
+    """One dof's drive torque: the PD law of Newton's joint drive, ``ke (target - q) - kd qd``, cut
+    to 0 where the joint is past a limit (as Newton's ``joint_force`` does), then held inside a DC
+    motor's envelope: ``[-effort, effort]`` at rest, the bound in the direction of motion falling
+    linearly to 0 at ``speed`` (the torque-speed line of a motor whose stall torque is ``effort``
+    and no-load speed ``speed``; Isaac Lab's ``DCMotor`` actuator model reads it the same way)."""
+    tau = ke * (target - q) - kd * qd
+    if q < lower or q > upper:
+        tau = 0.0
+    hi = effort
+    lo = -effort
+    if speed < 1.0e30:
+        hi = wp.clamp(effort * (1.0 - qd / speed), 0.0, effort)
+        lo = wp.clamp(effort * (-1.0 - qd / speed), -effort, 0.0)
+    return wp.clamp(tau, lo, hi)
+
+
+@wp.kernel
+def drive(
+    joint_q: wp.array(dtype=wp.float32),
+    joint_qd: wp.array(dtype=wp.float32),
+    target: wp.array(dtype=wp.float32),
+    d: Drive,
+    joint_f: wp.array(dtype=wp.float32),
+):
+    # One substep's drive torque of world w's actuated dof i into the substep's joint_f (on the
+    # tape: the gradient reaches the state and the step's targets through it; none where clamped)
+    w, i = wp.tid()
+    c = w * d.coord_count + d.coords[i]
+    k = w * d.dof_count + d.dofs[i]
+    joint_f[k] = drive_torque(joint_q[c], joint_qd[k], target[c], d.ke[i], d.kd[i], d.lower[i], d.upper[i],
+                              d.effort[i], d.speed[i])  # fmt: skip
+
+
+@wp.kernel
+def drive_load(
+    torques: wp.array2d(dtype=wp.float32),
+    joint_qd: wp.array(dtype=wp.float32),
+    d: Drive,
+    base: wp.array(dtype=wp.int32),
+    offset: int,
+    out: wp.array3d(dtype=wp.float32),
+):
+    # world w's step as the drive met it, into the observable `drive`'s row base[0] + offset: the
+    # largest |torque| / effort limit and |torque| over the step's substeps and actuated dofs, and
+    # the largest |joint speed| of an actuated dof at the step's end (no gradient: a report)
+    w = wp.tid()
+    ratio = wp.float32(0.0)
+    peak = wp.float32(0.0)
+    speed = wp.float32(0.0)
+    for k in range(torques.shape[0]):
+        for i in range(d.dofs.shape[0]):
+            tau = wp.abs(torques[k, w * d.dof_count + d.dofs[i]])
+            ratio = wp.max(ratio, tau / d.effort[i])
+            peak = wp.max(peak, tau)
+    for i in range(d.dofs.shape[0]):
+        speed = wp.max(speed, wp.abs(joint_qd[w * d.dof_count + d.dofs[i]]))
+    row = base[0] + offset
+    out[row, w, 0] = ratio
+    out[row, w, 1] = peak
+    out[row, w, 2] = speed
 
 
 @wp.kernel

@@ -43,6 +43,10 @@ HARNESS_ASSETS = "harness:"
 NO_LIMIT = 1.0e9
 """Newton's 'no limit': a joint limit of this size or more is none."""
 
+FILE_NO_LIMIT = 1.0e5
+"""An effort or velocity limit of this size or more is none: Newton's importers write 1e6 where a
+file gives none."""
+
 
 class RobotFileError(ValueError):
     """A robot file that cannot be loaded, or names that it does not have (one line)."""
@@ -62,6 +66,8 @@ class FileChoices(Protocol):
     target_scale: tuple[float, ...]
     target_ke: tuple[float, ...] | None
     target_kd: tuple[float, ...] | None
+    effort_limit: tuple[float, ...] | None
+    velocity_limit: tuple[float, ...] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +89,10 @@ class RobotLayout:
     target_scale: tuple[float, ...]  # control=position: offset per unit action, per actuated dof
     target_ke: tuple[float, ...]  # control=position: drive stiffness and damping, per actuated dof
     target_kd: tuple[float, ...]
+    effort_limit: tuple[float, ...]  # control=position: the drive's torque limit (inf: none) ...
+    velocity_limit: tuple[float, ...]  # ... and the speed where its torque along the motion falls to 0 (inf: none)
+    drive_lower: tuple[float, ...]  # the actuated dofs' joint limits as the file gives them (Newton's
+    drive_upper: tuple[float, ...]  # +-1e6 where none): past one the drive is cut, as Newton's
     joint_coords: tuple[int, ...]  # every coordinate but the root's
     joint_dofs: tuple[int, ...]  # every dof but the root's
     scalar_joints: tuple[tuple[int, int], ...]  # (coordinate, dof) of every one-coordinate joint but the root
@@ -238,6 +248,16 @@ def _drive(builder: Any, cfg: FileChoices, dofs: list[int], coords: list[int]) -
                 f"env.target_ke: control=position needs a drive stiffness and '{cfg.asset}' gives none; "
                 "accepted: one value [N m/rad] or one per actuated dof"
             )
+    for name, own in (("effort_limit", "joint_effort_limit"), ("velocity_limit", "joint_velocity_limit")):
+        given = getattr(cfg, name)
+        if given is None:  # the file's; Newton's importers write 1e6 where it gives none
+            values = list(getattr(builder, own, []))
+            found[name] = tuple(float(values[d]) if d < len(values) and 0.0 < values[d] < FILE_NO_LIMIT else math.inf
+                                for d in dofs)  # fmt: skip
+        else:
+            found[name] = _per_dof(name, given, len(dofs))
+    found["drive_lower"] = tuple(float(builder.joint_limit_lower[d]) for d in dofs)
+    found["drive_upper"] = tuple(float(builder.joint_limit_upper[d]) for d in dofs)
     return found
 
 
@@ -255,7 +275,8 @@ def robot_layout(cfg: FileChoices) -> RobotLayout:
     path = asset_path(cfg.asset)
     key = (path, os.path.getmtime(path) if os.path.isfile(path) else 0,
            cfg.actuated, cfg.torque, cfg.default_torque, cfg.root, cfg.up_axis, cfg.self_collisions,
-           cfg.control, cfg.target_scale, cfg.target_ke, cfg.target_kd)  # fmt: skip
+           cfg.control, cfg.target_scale, cfg.target_ke, cfg.target_kd, cfg.effort_limit,
+           cfg.velocity_limit)  # fmt: skip
     if key not in _LAYOUTS:
         _LAYOUTS[key] = _layout(load_robot(cfg), cfg)
     return _LAYOUTS[key]
@@ -315,7 +336,7 @@ def _layout(builder: Any, cfg: FileChoices) -> RobotLayout:
         for d in dofs:
             if d in gears:
                 torque.append(gears[d])
-            elif d < len(effort) and 0.0 < effort[d] < 1.0e5:  # a URDF's effort limit (Newton's default is 1e6)
+            elif d < len(effort) and 0.0 < effort[d] < FILE_NO_LIMIT:  # a URDF's effort limit
                 torque.append(float(effort[d]))
             else:
                 torque.append(cfg.default_torque)
@@ -341,7 +362,9 @@ def _layout(builder: Any, cfg: FileChoices) -> RobotLayout:
         coord_count=coord_count, dof_count=dof_count, body_count=builder.body_count, shape_count=builder.shape_count,
         actuated_dofs=tuple(dofs), actuated_names=tuple(joint_names[j] for j in actuated_joints), torque=torque,
         target_coords=tuple(target_coords), target_scale=target["target_scale"], target_ke=target["target_ke"],
-        target_kd=target["target_kd"], joint_coords=joint_coords, joint_dofs=joint_dofs, scalar_joints=scalar,
+        target_kd=target["target_kd"], effort_limit=target["effort_limit"], velocity_limit=target["velocity_limit"],
+        drive_lower=target["drive_lower"], drive_upper=target["drive_upper"], joint_coords=joint_coords,
+        joint_dofs=joint_dofs, scalar_joints=scalar,
         lower=lower, upper=upper, **root,
     )  # fmt: skip
 

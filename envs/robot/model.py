@@ -5,7 +5,7 @@ the file read once (:func:`~envs.robot.layout.load_robot`), its masses recompute
 ``env.density`` (:func:`set_density`), cylinders rounded, the joints' armature, damping and
 limits and the shapes' contact materials set where the config gives them, the start pose (the
 given joint coordinates or the file's clamped into their limits, the root lifted so the lowest
-collision point sits ``clearance`` above the ground), the drive's gains, then ``world_count``
+collision point sits ``clearance`` above the ground), the drive's rest targets, then ``world_count``
 overlapping copies on one ground plane and the collision pipeline.
 """
 
@@ -76,10 +76,9 @@ def build(cfg: RobotConfig, layout: RobotLayout, world_count: int, device: wp.co
         # the contact kernel averages the two shapes' materials: the ground takes the robot's
         ground[target] = float(np.mean([values[s] for s in shapes])) if shapes else None
     base_q = start_pose(cfg, layout, single)
-    if cfg.control == "position":  # the drive's gains; its target at rest is the start pose
-        for d, c, ke, kd in zip(layout.actuated_dofs, layout.target_coords, layout.target_ke, layout.target_kd,
-                                strict=True):  # fmt: skip
-            single.joint_target_ke[d], single.joint_target_kd[d] = ke, kd
+    if cfg.control == "position":  # the env's drive kernel drives these dofs (limited): Newton's own adds
+        for d, c in zip(layout.actuated_dofs, layout.target_coords, strict=True):  # nothing; its target at
+            single.joint_target_ke[d], single.joint_target_kd[d] = 0.0, 0.0  # rest is the start pose
             single.joint_target_q[c] = float(base_q[c])
     builder = newton.ModelBuilder(up_axis=single.up_axis)
     builder.replicate(single, world_count, spacing=(0.0, 0.0, 0.0))  # overlapping worlds on one ground

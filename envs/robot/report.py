@@ -8,10 +8,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BLOWUP_DISTANCE", "blown_up", "episode_figures"]
+__all__ = ["BLOWUP_DISTANCE", "SATURATED", "blown_up", "drive_figures", "episode_figures"]
 
 BLOWUP_DISTANCE = 1.0e4
 """[m] a body this far from the origin has blown up (:meth:`RobotEnv.blowup`)."""
+
+
+SATURATED = 0.999
+"""A drive whose torque reaches this share of its effort limit on a substep is at the limit."""
 
 
 def blown_up(body_q: np.ndarray, world_count: int, body_count: int) -> tuple[int, int] | None:
@@ -50,4 +54,26 @@ def episode_figures(
         "forward_speed": float(displacement.mean() / (steps * dt)),
         "fall_fraction": float(fell.mean()),
         "episode_length": float(length.mean()),
+    }
+
+
+def drive_figures(drive: np.ndarray, terminated: np.ndarray) -> dict[str, Any]:
+    """What a position-driven robot's drive gave over whole episodes (the observable ``drive``:
+    per step and world the largest |torque| / effort limit and |torque| over substeps and actuated
+    dofs, and the largest |joint speed|), the steps up to and including the one that ends an
+    episode: ``drive_peak_fraction`` (the largest torque / limit: at most 1 by construction),
+    ``drive_saturated_fraction`` (the share of world-steps with some dof at its limit on some
+    substep), ``drive_torque_peak`` [N m] and ``joint_speed_peak`` [rad/s], and the mean over
+    world-steps of the step's largest joint speed, ``joint_speed_mean``."""
+    steps = drive.shape[0]
+    ended = terminated[:, :, 0] > 0.5
+    length = np.where(ended.any(axis=0), ended.argmax(axis=0) + 1, steps)
+    alive = np.arange(steps)[:, None] < length[None, :]
+    kept = drive[alive]  # (world-steps, 3)
+    return {
+        "drive_peak_fraction": float(kept[:, 0].max()),
+        "drive_saturated_fraction": float((kept[:, 0] >= SATURATED).mean()),
+        "drive_torque_peak": float(kept[:, 1].max()),
+        "joint_speed_peak": float(kept[:, 2].max()),
+        "joint_speed_mean": float(kept[:, 2].mean()),
     }
