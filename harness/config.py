@@ -21,7 +21,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -802,6 +802,14 @@ def _square_cylinders(now: dict) -> bool:
     return _select(now, "env.round_cylinders") is False
 
 
+def _unlimited_drive(key: str) -> Callable[[dict], bool]:
+    def unchanged(now: dict) -> bool:  # torques, or a drive limit of inf: what a drive was before limits
+        value = _select(now, key)
+        return _torque_control(now) or (isinstance(value, list) and all(v == math.inf for v in value))
+
+    return unchanged
+
+
 ADDED_FIELDS = {
     "task.init_noise": _no_open_loop_noise,
     "task.seed": _no_open_loop_noise,
@@ -810,24 +818,38 @@ ADDED_FIELDS = {
     "env.target_scale": _torque_control,
     "env.target_ke": _torque_control,
     "env.target_kd": _torque_control,
-    "env.effort_limit": _torque_control,
-    "env.velocity_limit": _torque_control,
+    "env.effort_limit": _unlimited_drive("env.effort_limit"),
+    "env.velocity_limit": _unlimited_drive("env.velocity_limit"),
     "env.round_cylinders": _square_cylinders,
 }
 """Config keys added after checkpoints were written, and when the current config's value does
 what the checkpoint's run did without the key (an open-loop run without initial noise does not
 read its seed; a robot whose contact damping is given does not read the ratio; a torque-controlled
-robot does not read the drive's settings; cylinders left as cylinders): a checkpoint
-that lacks such a key resumes under that condition."""
+robot does not read the drive's settings, and a drive limited at inf is the drive before
+limits; cylinders left as cylinders): a checkpoint that lacks such a key resumes under that
+condition."""
+
+AS_WRITTEN = {"env.effort_limit": "[inf]", "env.velocity_limit": "[inf]"}
+"""Added keys whose null now means something a checkpoint without them did not do (a drive
+limited by the file's limits, where the run had no limit), and the value that resumes such a
+checkpoint as it ran: a missing key is refused naming it, never read as the null it equals."""
 
 
-def _fill_added_fields(before: dict, now: dict) -> None:
+def _fill_added_fields(before: dict, now: dict, path: Path) -> None:
     for dotted, unchanged in ADDED_FIELDS.items():
         parent_key, _, leaf = dotted.rpartition(".")
         parent = _select(before, parent_key)
         current = _select(now, dotted)
-        if isinstance(parent, dict) and leaf not in parent and current is not None and unchanged(now):
-            parent[leaf] = current
+        if not isinstance(parent, dict) or leaf in parent:
+            continue
+        if unchanged(now):
+            if current is not None:
+                parent[leaf] = current
+        elif dotted in AS_WRITTEN and _select(before, "env.control") == "position":  # (before env.control
+            raise ConfigError(  # existed a robot took torques: that difference is the one refused)
+                f"resume: checkpoint '{path}' was written before {dotted} existed (no limit), this run has "
+                f"{dotted}={current!r}; pass {dotted}={AS_WRITTEN[dotted]} to resume it as it ran"
+            )
 
 
 def check_saved_config(saved: Any, cfg: DictConfig, path: Path) -> None:
@@ -841,7 +863,7 @@ def check_saved_config(saved: Any, cfg: DictConfig, path: Path) -> None:
     for key in RESUME_MAY_CHANGE:
         before.pop(key, None)
         now.pop(key, None)
-    _fill_added_fields(before, now)
+    _fill_added_fields(before, now, path)
     found = _first_difference(before, now, "")
     if not found:
         return

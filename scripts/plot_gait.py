@@ -12,8 +12,11 @@ world, no tape), over ``--start`` + ``--seconds`` of simulated time, and draws t
   the steps where it is on the ground (below ``--contact`` m) shaded: a gait diagram;
 - the base's forward speed and height.
 
-It prints what it counted: the mean forward speed, each foot's share of time on the ground (its
-duty factor) and its touchdowns per second, the highest a foot lifts, the robot's mass, and the
+Every control step is sampled (its end state; the substeps between are not seen), and a foot
+counts as on the ground below ``--contact`` (1 cm: a soft contact sinks the foot, and a stance
+of a few samples is resolved no finer than the control step). It prints what it counted: the
+mean forward speed, each foot's share of samples on the ground (its duty factor), its
+touchdowns per second and its highest point in the window, the robot's mass, and the
 Froude number ``v^2 / (g h)`` with ``h`` the base's mean height (Alexander 1984: animals walk below
 about 0.5, trot or run above, gallop from 2 to 3). A foot is a body whose name matches ``--feet``.
 Writes ``<out>.png`` and ``<out>.json``::
@@ -54,25 +57,33 @@ def gait(run: str, checkpoint: str | None, start: float, seconds: float, feet: s
     scene = Scene(env.model)
     names = env.layout.body_names
     root, up = env.layout.root_body, scene.up
-    forward = int(np.argmax(np.abs(env.config.forward)))
+    direction = np.asarray(env.config.forward, dtype=np.float64)
+    forward = int(np.argmax(np.abs(direction)))  # the axis the film strip is drawn along
     foot_bodies = [b for b, name in enumerate(names) if re.search(feet, name)]
     if not foot_bodies:
         raise SystemExit(f"--feet: '{feet}' names no body; accepted: a pattern matching one of {', '.join(names)}")
     clouds = [scene.world_points(frames, k)[0] for k in range(len(steps))]
+    shaped = {b for b, _ in clouds[0]}
+    if not all(foot in shaped for foot in foot_bodies):
+        bare = [names[f] for f in foot_bodies if f not in shaped]
+        raise SystemExit(f"--feet: {', '.join(bare)} has no collision shape to stand on; accepted: bodies with one")
     heights = np.array([[min(float(c[:, up].min()) for b, c in cl if b == foot) for foot in foot_bodies]
                         for cl in clouds])  # fmt: skip
     base = frames.body_q[:, root, :3].astype(np.float64)
     time = np.array(steps) * dt
-    speed = np.gradient(base[:, forward], time)
+    along = base @ direction  # the base's position along the forward direction
+    speed = np.gradient(along, time)
     down = heights < contact
     touchdowns = (np.diff(down.astype(int), axis=0) == 1).sum(axis=0)
     mass = float(env.model.body_mass.numpy().sum())
-    mean_speed = float((base[-1, forward] - base[0, forward]) / (time[-1] - time[0]))
+    mean_speed = float((along[-1] - along[0]) / (time[-1] - time[0]))
     mean_height = float(base[:, up].mean())
     figures = {
         "run": run,
         "checkpoint": str(trained.checkpoint.path),
         "window_s": [float(time[0]), float(time[-1])],
+        "sampled_every_s": float(dt),
+        "contact_below_m": contact,
         "forward_speed": mean_speed,
         "base_height_mean": mean_height,
         "mass_kg": mass,
@@ -81,7 +92,7 @@ def gait(run: str, checkpoint: str | None, start: float, seconds: float, feet: s
             names[foot]: {
                 "duty_factor": float(down[:, i].mean()),
                 "touchdowns_per_s": float(touchdowns[i] / (time[-1] - time[0])),
-                "highest_lift_m": float(heights[:, i].max()),
+                "highest_in_window_m": float(heights[:, i].max()),
             }
             for i, foot in enumerate(foot_bodies)
         },
@@ -104,13 +115,13 @@ def draw(found: dict, out: Path, snapshots: int, strip_seconds: float) -> None:
     fig, axes = plt.subplots(3, 1, figsize=(12, 8), gridspec_kw={"height_ratios": [0.8, 1.2, 0.8]})
     strip = axes[0]
     shown = min(len(time) - 1, max(1, round(strip_seconds / (time[1] - time[0]))))
-    picks = np.linspace(0, shown, snapshots).round().astype(int)
+    every = max(1, shown // max(snapshots - 1, 1))  # whole samples apart: evenly spaced instants
+    picks = np.arange(0, len(time), every)[:snapshots]
     spacing = 0.0
-    for k in picks:  # the widest pose sets the spacing
-        for body, cloud in found["clouds"][k]:
-            if body >= 0:
-                spacing = max(spacing, float(np.ptp(cloud[:, forward])))
-    spacing *= 1.15
+    for k in picks:  # the widest pose (all its bodies) sets the spacing
+        pose = np.concatenate([cloud[:, forward] for body, cloud in found["clouds"][k] if body >= 0])
+        spacing = max(spacing, float(np.ptp(pose)))
+    spacing *= 1.1
     colours = plt.get_cmap("tab10")
     for j, k in enumerate(picks):
         centre = found["base"][k, forward]
@@ -125,7 +136,7 @@ def draw(found: dict, out: Path, snapshots: int, strip_seconds: float) -> None:
                                         edgecolor="0.2", linewidth=0.5))  # fmt: skip
         strip.text(j * spacing, -0.08, f"{time[k]:.2f} s", ha="center", va="top", fontsize=8)
     strip.axhline(0.0, color="0.4", linewidth=1.0)
-    strip.set_xlim(-spacing, snapshots * spacing)
+    strip.set_xlim(-spacing, len(picks) * spacing)
     strip.set_ylim(-0.15, None)
     strip.set_aspect("equal")
     strip.set_yticks([0.0, 0.25, 0.5])
@@ -133,8 +144,7 @@ def draw(found: dict, out: Path, snapshots: int, strip_seconds: float) -> None:
     strip.set_ylabel("height [m]")
     figures = found["figures"]
     strip.set_title(
-        f"side view, {len(picks)} poses over {time[picks[-1]] - time[picks[0]]:.2f} s, each drawn about its own base "
-        "position "
+        f"side view every {time[picks[1]] - time[picks[0]]:.4f} s, each pose about its own base position "
         f"(forward speed {figures['forward_speed']:.2f} m/s, Froude {figures['froude']:.2f})",
         fontsize=10,
     )
@@ -144,7 +154,11 @@ def draw(found: dict, out: Path, snapshots: int, strip_seconds: float) -> None:
         down = found["down"][:, i]
         feet.fill_between(time, 0.12 * i, 0.12 * i + 0.1, where=down, color=line.get_color(), alpha=0.25, step="mid")
     feet.set_ylabel("foot height [m]\n(each offset by 0.12 m)")
-    feet.set_title("each foot's lowest point above the ground; shaded: on the ground", fontsize=10)
+    feet.set_title(
+        f"each foot's lowest point above the ground, every {time[1] - time[0]:.4f} s; shaded: below "
+        f"{figures['contact_below_m'] * 100:g} cm (on the ground)",
+        fontsize=10,
+    )
     feet.legend(loc="upper right", fontsize=8, ncol=len(found["foot_names"]))
     motion = axes[2]
     motion.plot(time, found["speed"], color="tab:blue", label="base forward speed [m/s]")

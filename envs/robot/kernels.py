@@ -158,7 +158,8 @@ def drive(
     joint_f: wp.array(dtype=wp.float32),
 ):
     # One substep's drive torque of world w's actuated dof i into the substep's joint_f (on the
-    # tape: the gradient reaches the state and the step's targets through it; none where clamped)
+    # tape: the gradient reaches the state and the step's targets through it; on the effort bound the
+    # target gets none, on the speed line the speed gets the line's slope)
     w, i = wp.tid()
     c = w * d.coord_count + d.coords[i]
     k = w * d.dof_count + d.dofs[i]

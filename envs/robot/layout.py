@@ -248,6 +248,12 @@ def _drive(builder: Any, cfg: FileChoices, dofs: list[int], coords: list[int]) -
                 f"env.target_ke: control=position needs a drive stiffness and '{cfg.asset}' gives none; "
                 "accepted: one value [N m/rad] or one per actuated dof"
             )
+    for name in ("effort_limit", "velocity_limit"):
+        if cfg.control != "position" and getattr(cfg, name) is not None:
+            raise RobotFileError(
+                f"env.{name}: limits the position drive, and env.control is {cfg.control} (an action's torque is "
+                "at most env.torque); accepted: null, or env.control=position"
+            )
     for name, own in (("effort_limit", "joint_effort_limit"), ("velocity_limit", "joint_velocity_limit")):
         given = getattr(cfg, name)
         if given is None:  # the file's; Newton's importers write 1e6 where it gives none
