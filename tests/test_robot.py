@@ -462,13 +462,13 @@ def test_the_quadruped_urdf_passes_its_gradcheck_and_trains_a_few_shac_iteration
     assert summary["status"] == "finished" and np.isfinite(summary["final_loss"])
     # scripts/plot_gait.py on the run: one held-out world's feet, counted and drawn
     gait = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "plot_gait.py"), "run", "--start", "0.1", "--seconds", "0.3",
+        [sys.executable, str(ROOT / "scripts" / "plot_gait.py"), "run", "--start", "0.5", "--seconds", "0.3",
          "--out", "gait"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert gait.returncode == 0, gait.stderr
     figures = json.loads((tmp_path / "gait.json").read_text())
     assert sorted(figures["feet"]) == ["LF_SHANK", "LH_SHANK", "RF_SHANK", "RH_SHANK"]
-    assert all(foot["duty_factor"] > 0.5 for foot in figures["feet"].values())  # barely trained: it stands
+    assert all(foot["duty_factor"] > 0.5 for foot in figures["feet"].values()), figures  # barely trained: it stands
     assert 20.0 < figures["mass_kg"] < 40.0 and (tmp_path / "gait.png").stat().st_size > 10_000
 
 
