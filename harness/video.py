@@ -32,6 +32,7 @@ __all__ = [
     "Frames",
     "Scene",
     "draw_video",
+    "hull",
     "playback_speed",
     "real_time_frames",
     "sample_frames",
@@ -137,8 +138,9 @@ def _local_points(kind: int, scale: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def _hull(points: np.ndarray) -> np.ndarray:
-    """Convex hull of 2-D points (Andrew's monotone chain), counter-clockwise."""
+def hull(points: np.ndarray) -> np.ndarray:
+    """Convex hull of 2-D points (Andrew's monotone chain), counter-clockwise: the outline a body
+    is drawn with (here and in ``scripts/plot_gait.py``)."""
     pts = sorted(set(map(tuple, np.round(points, 9))))
     if len(pts) <= 2:
         return np.asarray(pts)
@@ -343,7 +345,7 @@ def draw_video(
                                color="tab:green", zorder=4, label="target")  # fmt: skip
                 clouds, particles = scene.world_points(frames, k)
                 for body, cloud in clouds:
-                    outline = _hull(cloud[:, [scene.across, scene.up]])
+                    outline = hull(cloud[:, [scene.across, scene.up]])
                     if len(outline) < 3:
                         continue
                     if body < 0:  # static: the same in every run

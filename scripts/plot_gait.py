@@ -109,7 +109,7 @@ def draw(found: dict, out: Path, snapshots: int, strip_seconds: float) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Polygon
 
-    from harness.video import _hull
+    from harness.video import hull
 
     time, up, forward = found["time"], found["up"], found["forward"]
     fig, axes = plt.subplots(3, 1, figsize=(12, 8), gridspec_kw={"height_ratios": [0.8, 1.2, 0.8]})
@@ -130,7 +130,7 @@ def draw(found: dict, out: Path, snapshots: int, strip_seconds: float) -> None:
                 continue
             points = cloud[:, [forward, up]].copy()
             points[:, 0] += j * spacing - centre
-            outline = _hull(points)
+            outline = hull(points)
             if len(outline) >= 3:
                 strip.add_patch(Polygon(outline, closed=True, facecolor=colours(j % 10), alpha=0.7,
                                         edgecolor="0.2", linewidth=0.5))  # fmt: skip

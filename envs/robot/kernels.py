@@ -136,8 +136,8 @@ def drive_torque(q: float, qd: float, target: float, ke: float, kd: float, lower
     """One dof's drive torque: the PD law of Newton's joint drive, ``ke (target - q) - kd qd``, cut
     to 0 where the joint is past a limit (as Newton's ``joint_force`` does), then held inside a DC
     motor's envelope: ``[-effort, effort]`` at rest, the bound in the direction of motion falling
-    linearly to 0 at ``speed`` (the torque-speed line of a motor whose stall torque is ``effort``
-    and no-load speed ``speed``; Isaac Lab's ``DCMotor`` actuator model reads it the same way)."""
+    linearly to 0 at ``speed`` (the linear torque-speed curve of a DC motor whose stall torque is
+    ``effort`` and no-load speed ``speed``); braking against the motion keeps the full ``effort``."""
     tau = ke * (target - q) - kd * qd
     if q < lower or q > upper:
         tau = 0.0

@@ -91,8 +91,8 @@ class RobotLayout:
     target_kd: tuple[float, ...]
     effort_limit: tuple[float, ...]  # control=position: the drive's torque limit (inf: none) ...
     velocity_limit: tuple[float, ...]  # ... and the speed where its torque along the motion falls to 0 (inf: none)
-    drive_lower: tuple[float, ...]  # the actuated dofs' joint limits as the file gives them (Newton's
-    drive_upper: tuple[float, ...]  # +-1e6 where none): past one the drive is cut, as Newton's
+    drive_lower: tuple[float, ...]  # the actuated dofs' joint limits as the importer gives them (a huge
+    drive_upper: tuple[float, ...]  # value where none): past one the drive is cut, as Newton's
     joint_coords: tuple[int, ...]  # every coordinate but the root's
     joint_dofs: tuple[int, ...]  # every dof but the root's
     scalar_joints: tuple[tuple[int, int], ...]  # (coordinate, dof) of every one-coordinate joint but the root
