@@ -821,13 +821,17 @@ ADDED_FIELDS = {
     "env.effort_limit": _unlimited_drive("env.effort_limit"),
     "env.velocity_limit": _unlimited_drive("env.velocity_limit"),
     "env.round_cylinders": _square_cylinders,
+    "env.joint_stiffness": lambda now: _select(now, "env.joint_stiffness") is None,
+    "env.limit_kd_everywhere": lambda now: _select(now, "env.limit_kd_everywhere") is False,
+    "env.height_scale": lambda now: _select(now, "env.height_scale") == 1.0,
 }
 """Config keys added after checkpoints were written, and when the current config's value does
 what the checkpoint's run did without the key (an open-loop run without initial noise does not
 read its seed; a robot whose contact damping is given does not read the ratio; a torque-controlled
 robot does not read the drive's settings, and a drive limited at inf is the drive before
-limits; cylinders left as cylinders): a checkpoint that lacks such a key resumes under that
-condition."""
+limits; cylinders left as cylinders; the file's joint springs, the limit damping past a limit
+only, and a shaped height's bonus at 1 x the height): a checkpoint that lacks such a key resumes
+under that condition."""
 
 AS_WRITTEN = {"env.effort_limit": "[inf]", "env.velocity_limit": "[inf]"}
 """Added keys whose null now means something a checkpoint without them did not do (a drive

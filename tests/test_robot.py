@@ -666,6 +666,30 @@ def test_a_checkpoint_from_before_the_drive_settings_resumes_where_they_change_n
                 config.check_saved_config(checkpoint_meta, cfg, tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("preset", "refused"),
+    [(["+env=hopper"], None), (["+env=ant"], None), (["+env=humanoid"], "env.limit_kd_everywhere|env.height_scale"),
+     (["+env=hopper", "env.height_scale=10"], "env.height_scale"), (["+env=hopper", "env.height_scale=1"], None),
+     (["+env=ant", "env.joint_stiffness=5"], "env.joint_stiffness")],
+    ids=["hopper", "ant", "humanoid", "height_scale", "height_scale_1", "joint_stiffness"],
+)  # fmt: skip
+def test_a_checkpoint_from_before_the_humanoids_fields_resumes_where_they_change_nothing(tmp_path, preset, refused):
+    """Checkpoints written before env.joint_stiffness, env.limit_kd_everywhere and env.height_scale
+    existed (the Hopper's and the Ant's trainings) resume with their defaults, and not otherwise."""
+    import types
+
+    cfg, _ = config.compose_config("train", preset)
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("joint_stiffness", "limit_kd_everywhere", "height_scale"):
+        saved["env"].pop(key)
+    checkpoint_meta = types.SimpleNamespace(meta={"config": yaml.safe_dump(saved)})
+    if refused is None:
+        config.check_saved_config(checkpoint_meta, cfg, tmp_path)
+    else:
+        with pytest.raises(config.ConfigError, match=refused):
+            config.check_saved_config(checkpoint_meta, cfg, tmp_path)
+
+
 def test_a_position_driven_checkpoint_from_before_drive_limits_is_refused_unless_the_limits_are_off(tmp_path):
     """A position-controlled run written before env.effort_limit and env.velocity_limit existed had
     an unlimited drive: resumed under a limit (the preset's, or a file's through null) it is refused

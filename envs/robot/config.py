@@ -15,7 +15,7 @@ Reward terms (``reward``, name -> weight; each term per world and step): ``forwa
 above), ``height`` (root height - ``height_reference`` [m]), ``action_cost`` (-sum of the squared
 clipped actions), ``joint_limit_cost`` (-sum of the squared joint-limit violations [rad^2 or m^2]),
 ``alive`` (1), ``height_shaped`` (DiffRL's Hopper and Humanoid: with ``h`` = root height -
-``height_reference`` clipped to [-1, ``height_cap``], ``h`` where it is positive,
+``height_reference`` clipped to [-1, ``height_cap``], ``height_scale h`` where it is positive,
 ``-height_penalty h^2`` where negative), ``pitch_cost`` (-pitch^2 [rad^2], the pitch the angle of
 the root's forward axis below the horizontal, about the axis across ``forward``). ``loss: robot``
 (``configs/loss/robot.yaml``) makes the cost of a step minus their sum, so ``task=shac``
@@ -155,8 +155,19 @@ class RobotConfig(NewtonEnvConfig):
     joint_damping: float | None = field(
         None, minimum=0.0, doc="damping of every non-root dof [N m s/rad] (null: the file's)"
     )
+    joint_stiffness: float | None = field(
+        None,
+        minimum=0.0,
+        doc="passive spring of every non-root dof toward the file's rest coordinate (MJCF springref, 0 unless "
+        "given) [N m/rad or N/m] (null: the file's; DiffRL's Humanoid 5)",
+    )
     limit_ke: float | None = field(None, minimum=0.0, doc="joint-limit stiffness [N m/rad] (null: the file's)")
     limit_kd: float | None = field(None, minimum=0.0, doc="joint-limit damping [N m s/rad] (null: the file's)")
+    limit_kd_everywhere: bool = field(
+        False,
+        doc="dflex's joint law (DiffRL): the limit damping acts at every coordinate, not only past a limit "
+        "(it is added to each non-root dof's joint damping and Newton's past-the-limit term is dropped)",
+    )
     contact_ke: float | None = field(None, minimum=0.0, doc="contact stiffness [N/m] (null: the file's)")
     contact_kd: float | None = field(None, minimum=0.0, doc="contact damping [N s/m] (null: the file's)")
     contact_kd_depth: float | None = field(
@@ -204,6 +215,12 @@ class RobotConfig(NewtonEnvConfig):
     )
     height_penalty: float = field(
         200.0, minimum=0.0, doc="height_shaped: the quadratic penalty's factor below height_reference (DiffRL 200)"
+    )
+    height_scale: float = field(
+        1.0,
+        minimum=0.0,
+        doc="height_shaped: the factor of the part above height_reference (DiffRL's height_rew_scale: the "
+        "Hopper's 1, the Humanoid's 10)",
     )
     termination_height: float | None = field(None, doc="an episode ends when the root is below this height [m]")
     termination_up: float | None = field(

@@ -289,8 +289,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             inputs=[state.joint_q, state.body_q, state.body_qd, state.prev_action, self._terms, self._weights,
                     self._limit_coords, self._lower, self._upper, layout.root_body, layout.body_count,
                     layout.coord_count, len(layout.actuated_dofs), self._up, self._forward, cfg.height_reference,
-                    cfg.height_cap, cfg.height_penalty, self._termination, self.current(t).alive, self.segment_base,
-                    row - self._base],
+                    cfg.height_cap, cfg.height_penalty, cfg.height_scale, self._termination, self.current(t).alive,
+                    self.segment_base, row - self._base],
             outputs=[self.observed["reward"], self.observed["root_position"], self.observed["terminated"]],
             device=self.device,
         )  # fmt: skip

@@ -253,11 +253,11 @@ def pitch_of(q: wp.quat, up: wp.vec3, forward: wp.vec3) -> float:
 
 
 @wp.func
-def height_shaped(h: float, cap: float, penalty: float) -> float:
+def height_shaped(h: float, cap: float, penalty: float, scale: float) -> float:
     """DiffRL's height reward (its Hopper's and Humanoid's ``calculateReward``): ``h`` clipped to
-    [-1, cap], itself above zero and ``-penalty h^2`` below."""
+    [-1, cap], ``scale h`` above zero (its ``height_rew_scale``) and ``-penalty h^2`` below."""
     x = wp.clamp(h, -1.0, cap)
-    return wp.where(x < 0.0, -penalty * x * x, x)
+    return wp.where(x < 0.0, -penalty * x * x, scale * x)
 
 
 @wp.kernel
@@ -280,6 +280,7 @@ def record(
     height_reference: float,
     height_cap: float,
     height_penalty: float,
+    height_scale: float,
     rule: Termination,
     alive: wp.array(dtype=wp.float32),
     base: wp.array(dtype=wp.int32),
@@ -317,7 +318,7 @@ def record(
                 over = wp.max(x - upper[i], 0.0) + wp.max(lower[i] - x, 0.0)
                 value = value - over * over
         elif code == Term.HEIGHT_SHAPED:
-            value = height_shaped(wp.dot(p, up) - height_reference, height_cap, height_penalty)
+            value = height_shaped(wp.dot(p, up) - height_reference, height_cap, height_penalty, height_scale)
         elif code == Term.PITCH_COST:
             pitch = pitch_of(q, up, forward)
             value = -pitch * pitch

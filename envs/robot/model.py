@@ -2,7 +2,7 @@
 
 :func:`build` is what :meth:`RobotEnv.build_model <envs.robot.env.RobotEnv.build_model>` does:
 the file read once (:func:`~envs.robot.layout.load_robot`), its masses recomputed at
-``env.density`` (:func:`set_density`), cylinders rounded, the joints' armature, damping and
+``env.density`` (:func:`set_density`), cylinders rounded, the joints' armature, damping, stiffness and
 limits and the shapes' contact materials set where the config gives them, the start pose (the
 given joint coordinates or the file's clamped into their limits, the root lifted so the lowest
 collision point sits ``clearance`` above the ground), the drive's rest targets, then ``world_count``
@@ -52,9 +52,14 @@ def build(cfg: RobotConfig, layout: RobotLayout, world_count: int, device: wp.co
         round_cylinders(single)
     for d in set(layout.joint_dofs):
         for value, target in ((cfg.armature, "joint_armature"), (cfg.joint_damping, "joint_damping"),
-                              (cfg.limit_ke, "joint_limit_ke"), (cfg.limit_kd, "joint_limit_kd")):  # fmt: skip
+                              (cfg.joint_stiffness, "joint_stiffness"), (cfg.limit_ke, "joint_limit_ke"),
+                              (cfg.limit_kd, "joint_limit_kd")):  # fmt: skip
             if value is not None:
                 getattr(single, target)[d] = value
+    if cfg.limit_kd_everywhere:  # dflex: -limit_kd qd at every q; Newton's acts only past a limit
+        for d in set(layout.joint_dofs):
+            single.joint_damping[d] += single.joint_limit_kd[d]
+            single.joint_limit_kd[d] = 0.0
     if cfg.root_armature is not None:
         for d in layout.root_dofs:
             single.joint_armature[d] = cfg.root_armature
