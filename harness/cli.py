@@ -14,8 +14,8 @@ in one line on stderr and the conventional exit code, wherever it was stopped:
   while it runs (:class:`harness.training.SignalStop`: the first signal finishes the
   iteration and writes a checkpoint, a second stops at once). A library that turns the
   signal's exception into one of its own (NumPy's import raises ``ImportError`` when the
-  signal lands inside it) still ends in the signal's line and code: the handlers record
-  every signal they receive.
+  signal lands inside it), or swallows it so that the command returns as if never stopped,
+  still ends in the signal's line and code: the handlers record every signal they receive.
 - An ``OSError`` no command turned into a refusal (no space left on the device, a folder
   that cannot be written or resolved) is one line naming the path: exit 1.
 - A config file that Hydra or OmegaConf cannot read (a broken YAML file in a
@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             except Exception:
                 raise_if_signalled()  # a library turned the signal's exception into its own
                 raise
+            raise_if_signalled()  # or swallowed it: a signal received still ends the command as one
     except KeyboardInterrupt as exc:
         _stop(argv, signal.SIGINT, exc)
     except Terminated as exc:

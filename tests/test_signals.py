@@ -206,6 +206,34 @@ def test_a_signal_inside_a_command_is_one_line_and_128_plus_the_signal(command, 
     assert not list(trained.glob("**/.*partial*")) and not list(trained.glob("**/*.tmp"))  # nothing half-written
 
 
+SWALLOWING = """
+import signal, sys, time
+from harness import cli
+
+def swallowing(argv):  # a library that catches the signal's exception and goes on
+    try:
+        signal.raise_signal(signal.SIG%s)
+        time.sleep(0.1)
+    except BaseException:
+        pass
+    print("finished as if never stopped")
+
+cli._run = swallowing
+cli.main(["render", "RUN"])
+"""
+
+
+@pytest.mark.parametrize("name", ["INT", "TERM"])
+def test_a_signal_a_library_swallows_still_ends_the_command_with_its_line_and_code(name):
+    """The render test's flake (exit 0, nothing on stderr, after a SIGINT a second into the
+    render) is what a swallowed signal looks like: the command returns as if never stopped.
+    A signal the harness's handler recorded ends the command as any other."""
+    proc = subprocess.run([sys.executable, "-c", SWALLOWING % name], capture_output=True, text=True, timeout=60)
+    sig = getattr(signal, f"SIG{name}")
+    assert proc.returncode == 128 + sig, proc.stderr
+    assert one_line(proc.stderr) == f"render: interrupted by SIG{name}; no file was left half-written"
+
+
 @pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_ctrl_c_in_a_joblib_sweep_is_one_line_from_all_processes(tmp_path):
     sweep = tmp_path / "sweep"

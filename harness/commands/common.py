@@ -71,10 +71,11 @@ def record_signal(signum: int | None) -> None:
 def raise_if_signalled() -> None:
     """Raise the exception of the last signal received during this command, if one was.
 
-    Called before a failure is reported: a library may turn the signal's exception into
-    one of its own (NumPy's C extension imports ``datetime`` through ``PyCapsule_Import``,
-    which replaces a ``KeyboardInterrupt`` landing there with an ``ImportError``). The user
-    stopped the command, so its line and exit code are the signal's, not the failure's."""
+    Called before a failure is reported, and after a command returns: a library may turn the
+    signal's exception into one of its own (NumPy's C extension imports ``datetime`` through
+    ``PyCapsule_Import``, which replaces a ``KeyboardInterrupt`` landing there with an
+    ``ImportError``) or swallow it. The user stopped the command, so its line and exit code
+    are the signal's, not the failure's or a success's."""
     if _signals:
         raise KeyboardInterrupt if _signals[-1] == signal.SIGINT else Terminated
 
