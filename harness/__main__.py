@@ -42,7 +42,7 @@ if __name__ == "__main__":
     except BaseException:  # a signal before any command started: nothing was written
         if not _received:  # not a signal: a broken install shows its traceback
             raise
-        # The last signal, also where an import turned its exception into an ImportError.
+    if _received:  # the last signal, also where an import turned its exception into an ImportError or swallowed it
         name = signal.Signals(_received[-1]).name
         print(f"interrupted by {name} before anything was written", file=sys.stderr)
         _keep_exit_code()

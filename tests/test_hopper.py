@@ -143,3 +143,15 @@ def test_a_captured_rollout_equals_the_eager_one_bit_for_bit():
 def test_bad_values_are_refused_in_one_line(tmp_path, args, field, accepted):
     proc = train(["+env=hopper", *args, "iterations=1"], tmp_path)
     assert_clean_rejection(proc, field, accepted, tmp_path)
+
+
+def test_dflexs_limit_damping_everywhere_damps_the_planar_roots_slides_and_hinge_too():
+    """dflex's jcalc_tau damps every slide and hinge by limit_kd at every coordinate, DiffRL's
+    Hopper's root (x, z, pitch) too: with env.limit_kd_everywhere the torso is damped by 10 and
+    the hinges by their 2 + 10, and no past-the-limit damping is left; without, Newton's law."""
+    everywhere = hopper("env.world_count=1", "env.horizon=1", "env.limit_kd_everywhere=true", *QUICK)
+    np.testing.assert_allclose(everywhere.model.joint_damping.numpy()[:6], [10.0, 10.0, 10.0, 12.0, 12.0, 12.0])
+    np.testing.assert_array_equal(everywhere.model.joint_limit_kd.numpy()[:6], 0.0)
+    newton_law = hopper("env.world_count=1", "env.horizon=1", *QUICK)
+    np.testing.assert_allclose(newton_law.model.joint_damping.numpy()[:6], [0.0, 0.0, 0.0, 2.0, 2.0, 2.0])
+    np.testing.assert_array_equal(newton_law.model.joint_limit_kd.numpy()[3:6], 10.0)

@@ -42,6 +42,15 @@ def humanoid_config(*overrides: str) -> RobotConfig:
     return RobotConfig(**{k: v for k, v in cfg.env.items() if k != "_target_"})
 
 
+# each hinge's axis and range in the file (degrees), in JOINTS' order
+AXES = [(0, 0, 1), (0, 1, 0), (1, 0, 0), (1, 0, 0), (0, 0, 1), (0, 1, 0), (0, -1, 0), (0, 1, 0), (1, 0, 0.5),
+        (-1, 0, 0), (0, 0, -1), (0, 1, 0), (0, -1, 0), (0, 1, 0), (1, 0, 0.5), (2, 1, 1), (0, -1, 1), (0, -1, 1),
+        (-2, 1, -1), (0, -1, -1), (0, -1, -1)]  # fmt: skip
+RANGES = [(-45, 45), (-75, 30), (-35, 35), (-25, 5), (-60, 35), (-80, 20), (-160, 2), (-50, 50), (-50, 50),
+          (-25, 5), (-60, 35), (-80, 20), (-160, 2), (-50, 50), (-50, 50), (-60, 60), (-60, 60), (-90, 50),
+          (-60, 60), (-60, 60), (-90, 50)]  # fmt: skip
+
+
 def test_the_preset_drives_diffrls_21_motors_in_the_files_joint_order():
     cfg = humanoid_config()
     layout = cfg.layout()
@@ -50,6 +59,13 @@ def test_the_preset_drives_diffrls_21_motors_in_the_files_joint_order():
     assert "_".join(layout.actuated_names) == "_".join(JOINTS)
     assert layout.torque == pytest.approx([0.35 * s for s in STRENGTHS])
     assert cfg.action_dim() == 21 and cfg.observation_dim() == 76  # DiffRL's 76
+    # dof by dof: the file's hinge (its axis and range) in that order
+    env = humanoid("env.world_count=1", "env.horizon=1", *QUICK)
+    dofs = list(env.layout.actuated_dofs)
+    axes = env.model.joint_axis.numpy()[dofs]
+    np.testing.assert_allclose(axes, [np.array(a) / np.linalg.norm(a) for a in AXES], atol=1e-6)
+    lower, upper = env.model.joint_limit_lower.numpy()[dofs], env.model.joint_limit_upper.numpy()[dofs]
+    np.testing.assert_allclose(np.degrees(np.stack([lower, upper], axis=1)), RANGES, atol=1e-3)
 
 
 def test_the_joints_keep_the_files_springs_and_armature_and_dflexs_damping_everywhere():

@@ -7,8 +7,8 @@ with ``SolverFeatherstone``, ``substeps`` solver steps per control step. Everyth
 is data in the env's YAML (docs/envs.md, "A robot of your own"): which joints are actuated and
 their torque per unit action, the root body, the observation as named pieces, the reward as
 weighted terms, early termination, the start and its noise (:mod:`envs.robot.config` names them
-all). ``configs/env/ant.yaml`` (DiffRL's Ant) and ``configs/env/quadruped.yaml`` are such YAML
-files and nothing else.
+all). ``configs/env/ant.yaml``, ``hopper.yaml`` and ``humanoid.yaml`` (DiffRL's) and
+``configs/env/quadruped.yaml`` are such YAML files and nothing else.
 
 A file given with nothing else loads with these defaults: every non-fixed joint other than the
 floating base is actuated, each degree of freedom at the asset's own torque scale (an MJCF

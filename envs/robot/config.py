@@ -159,14 +159,15 @@ class RobotConfig(NewtonEnvConfig):
         None,
         minimum=0.0,
         doc="passive spring of every non-root dof toward the file's rest coordinate (MJCF springref, 0 unless "
-        "given) [N m/rad or N/m] (null: the file's; DiffRL's Humanoid 5)",
+        "given) [N m/rad or N/m] (null: the file's, as DiffRL's Humanoid reads them: 2 to 20 N m/rad)",
     )
     limit_ke: float | None = field(None, minimum=0.0, doc="joint-limit stiffness [N m/rad] (null: the file's)")
     limit_kd: float | None = field(None, minimum=0.0, doc="joint-limit damping [N m s/rad] (null: the file's)")
     limit_kd_everywhere: bool = field(
         False,
         doc="dflex's joint law (DiffRL): the limit damping acts at every coordinate, not only past a limit "
-        "(it is added to each non-root dof's joint damping and Newton's past-the-limit term is dropped)",
+        "(added to the joint damping of every slide and hinge, a planar root's too, and Newton's "
+        "past-the-limit term dropped)",
     )
     contact_ke: float | None = field(None, minimum=0.0, doc="contact stiffness [N/m] (null: the file's)")
     contact_kd: float | None = field(None, minimum=0.0, doc="contact damping [N s/m] (null: the file's)")

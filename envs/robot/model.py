@@ -57,8 +57,9 @@ def build(cfg: RobotConfig, layout: RobotLayout, world_count: int, device: wp.co
             if value is not None:
                 getattr(single, target)[d] = value
     if cfg.limit_kd_everywhere:  # dflex: -limit_kd qd at every q; Newton's acts only past a limit
-        for d in set(layout.joint_dofs):
-            single.joint_damping[d] += single.joint_limit_kd[d]
+        for d in dflex_damped_dofs(single):
+            kd = cfg.limit_kd if cfg.limit_kd is not None and d in layout.root_dofs else single.joint_limit_kd[d]
+            single.joint_damping[d] += kd
             single.joint_limit_kd[d] = 0.0
     if cfg.root_armature is not None:
         for d in layout.root_dofs:
@@ -96,6 +97,19 @@ def build(cfg: RobotConfig, layout: RobotLayout, world_count: int, device: wp.co
     per_world = 4 * len(shapes) + 8  # a few contacts per shape against the ground
     pipeline = newton.CollisionPipeline(model, requires_grad=False, rigid_contact_max=per_world * world_count)
     return RobotModel(model=model, pipeline=pipeline, kd_depth=kd_depth, base_q=base_q.astype(np.float32))
+
+
+def dflex_damped_dofs(single: Any) -> list[int]:
+    """The dofs dflex's joint law damps by the limit's kd at every coordinate (``jcalc_tau``'s
+    prismatic and revolute branch): those of slides and hinges, alone or joined into one of
+    Newton's D6 joints, a planar root's too (DiffRL's Hopper: its torso's x, z and pitch); not a
+    free or ball joint's."""
+    import newton
+
+    kinds = (newton.JointType.REVOLUTE, newton.JointType.PRISMATIC, newton.JointType.D6)
+    ends = [*single.joint_qd_start[1:], single.joint_dof_count]
+    return [d for j, kind in enumerate(single.joint_type) if kind in kinds
+            for d in range(single.joint_qd_start[j], ends[j])]  # fmt: skip
 
 
 def start_pose(cfg: RobotConfig, layout: RobotLayout, single: Any) -> np.ndarray:

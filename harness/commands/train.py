@@ -126,6 +126,7 @@ def _single_run(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float:
         with system_errors_in_one_line("train"):
             try:
                 trainer, extra, episodes = _prepare(cfg, hydra_cfg, run_dir)
+                raise_if_signalled()  # one a library swallowed: training's own handlers never see it
             except (KeyboardInterrupt, Terminated) as exc:
                 if fresh:
                     shutil.rmtree(run_dir, ignore_errors=True)
