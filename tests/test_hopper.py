@@ -104,12 +104,13 @@ def test_starts_move_the_planar_roots_slides_and_hinge_within_the_noise():
 
 
 def test_at_zero_action_it_folds_and_comes_to_rest_within_the_presets_settle_time():
-    """DiffRL's hinges have no stiffness: unactuated, the hip and knee fold and the Hopper lies down.
-    The settle check finds it still moving at 2 s and at rest by the preset's 4 s."""
+    """DiffRL's hinges have no stiffness: unactuated, the hip and knee fold and the Hopper lies down,
+    slowly under dflex's damping. The settle check finds it still moving at 4 s and at rest by the
+    preset's 8 s."""
     cfg = hopper_config()
-    assert cfg.settle_time == 4.0
+    assert cfg.settle_time == 8.0
     assert settle(cfg, lambda quiet: RobotEnv(quiet, device="cpu")) is None
-    early = settle(hopper_config("env.settle_time=2"), lambda quiet: RobotEnv(quiet, device="cpu"))
+    early = settle(hopper_config("env.settle_time=4"), lambda quiet: RobotEnv(quiet, device="cpu"))
     assert early is not None and "still moves" in early
 
 
@@ -148,10 +149,10 @@ def test_bad_values_are_refused_in_one_line(tmp_path, args, field, accepted):
 def test_dflexs_limit_damping_everywhere_damps_the_planar_roots_slides_and_hinge_too():
     """dflex's jcalc_tau damps every slide and hinge by limit_kd at every coordinate, DiffRL's
     Hopper's root (x, z, pitch) too: with env.limit_kd_everywhere the torso is damped by 10 and
-    the hinges by their 2 + 10, and no past-the-limit damping is left; without, Newton's law."""
-    everywhere = hopper("env.world_count=1", "env.horizon=1", "env.limit_kd_everywhere=true", *QUICK)
+    the hinges by their 2 + 10, and no past-the-limit damping is left (the preset); without, Newton's law."""
+    everywhere = hopper("env.world_count=1", "env.horizon=1", *QUICK)  # the preset's
     np.testing.assert_allclose(everywhere.model.joint_damping.numpy()[:6], [10.0, 10.0, 10.0, 12.0, 12.0, 12.0])
     np.testing.assert_array_equal(everywhere.model.joint_limit_kd.numpy()[:6], 0.0)
-    newton_law = hopper("env.world_count=1", "env.horizon=1", *QUICK)
+    newton_law = hopper("env.world_count=1", "env.horizon=1", "env.limit_kd_everywhere=false", *QUICK)
     np.testing.assert_allclose(newton_law.model.joint_damping.numpy()[:6], [0.0, 0.0, 0.0, 2.0, 2.0, 2.0])
     np.testing.assert_array_equal(newton_law.model.joint_limit_kd.numpy()[3:6], 10.0)

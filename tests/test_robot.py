@@ -641,8 +641,6 @@ def test_flat_cylinder_ends_part_the_tape_from_differences_and_capsules_do_not()
 def test_a_checkpoint_from_before_the_drive_settings_resumes_where_they_change_nothing(tmp_path):
     """Checkpoints written before env.control, env.target_* and env.round_cylinders existed resume
     with their defaults (a torque-driven robot with cylinders as cylinders), and not otherwise."""
-    import types
-
     for preset, refused in (("ant", None), ("quadruped", "env.control")):
         cfg, _ = config.compose_config("train", [f"+env={preset}"])
         saved = OmegaConf.to_container(cfg, resolve=True)
@@ -658,36 +656,40 @@ def test_a_checkpoint_from_before_the_drive_settings_resumes_where_they_change_n
             saved["env"].pop(key)
         if preset == "quadruped":
             saved["env"]["torque"] = [40.0]  # what the preset was: torques, cylinders
-        checkpoint_meta = types.SimpleNamespace(meta={"config": yaml.safe_dump(saved)})
-        if refused is None:
-            config.check_saved_config(checkpoint_meta, cfg, tmp_path)
-        else:
-            with pytest.raises(config.ConfigError, match=refused):
-                config.check_saved_config(checkpoint_meta, cfg, tmp_path)
+        check_resume(saved, cfg, refused, tmp_path)
 
 
-@pytest.mark.parametrize(
-    ("preset", "refused"),
-    [(["+env=hopper"], None), (["+env=ant"], None), (["+env=humanoid"], "env.limit_kd_everywhere|env.height_scale"),
-     (["+env=hopper", "env.height_scale=10"], "env.height_scale"), (["+env=hopper", "env.height_scale=1"], None),
-     (["+env=ant", "env.joint_stiffness=5"], "env.joint_stiffness")],
-    ids=["hopper", "ant", "humanoid", "height_scale", "height_scale_1", "joint_stiffness"],
-)  # fmt: skip
-def test_a_checkpoint_from_before_the_humanoids_fields_resumes_where_they_change_nothing(tmp_path, preset, refused):
-    """Checkpoints written before env.joint_stiffness, env.limit_kd_everywhere and env.height_scale
-    existed (the Hopper's and the Ant's trainings) resume with their defaults, and not otherwise."""
+def check_resume(saved: dict, cfg, refused: str | None, tmp_path) -> None:
+    """Resume a checkpoint whose config was ``saved`` under ``cfg``: it passes, or it is refused
+    naming ``refused`` (a regular expression)."""
     import types
 
-    cfg, _ = config.compose_config("train", preset)
-    saved = OmegaConf.to_container(cfg, resolve=True)
-    for key in ("joint_stiffness", "limit_kd_everywhere", "height_scale"):
-        saved["env"].pop(key)
     checkpoint_meta = types.SimpleNamespace(meta={"config": yaml.safe_dump(saved)})
     if refused is None:
         config.check_saved_config(checkpoint_meta, cfg, tmp_path)
     else:
         with pytest.raises(config.ConfigError, match=refused):
             config.check_saved_config(checkpoint_meta, cfg, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("preset", "refused"),
+    [(["+env=hopper", "env.limit_kd_everywhere=false"], None), (["+env=hopper"], "env.limit_kd_everywhere"),
+     (["+env=ant"], None), (["+env=humanoid"], "env.limit_kd_everywhere|env.height_scale"),
+     (["+env=hopper", "env.limit_kd_everywhere=false", "env.height_scale=10"], "env.height_scale"),
+     (["+env=hopper", "env.limit_kd_everywhere=false", "env.height_scale=1"], None),
+     (["+env=ant", "env.joint_stiffness=5"], "env.joint_stiffness")],
+    ids=["hopper_newton_law", "hopper", "ant", "humanoid", "height_scale", "height_scale_1", "joint_stiffness"],
+)  # fmt: skip
+def test_a_checkpoint_from_before_the_humanoids_fields_resumes_where_they_change_nothing(tmp_path, preset, refused):
+    """Checkpoints written before env.joint_stiffness, env.limit_kd_everywhere and env.height_scale
+    existed (the Hopper's and the Ant's trainings) resume with their defaults, and not otherwise (the Hopper's
+    preset now damps as dflex does: its earlier runs resume with env.limit_kd_everywhere=false)."""
+    cfg, _ = config.compose_config("train", preset)
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("joint_stiffness", "limit_kd_everywhere", "height_scale"):
+        saved["env"].pop(key)
+    check_resume(saved, cfg, refused, tmp_path)
 
 
 def test_a_position_driven_checkpoint_from_before_drive_limits_is_refused_unless_the_limits_are_off(tmp_path):
