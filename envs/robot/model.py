@@ -58,8 +58,7 @@ def build(cfg: RobotConfig, layout: RobotLayout, world_count: int, device: wp.co
                 getattr(single, target)[d] = value
     if cfg.limit_kd_everywhere:  # dflex: -limit_kd qd at every q; Newton's acts only past a limit
         for d in dflex_damped_dofs(single):
-            kd = cfg.limit_kd if cfg.limit_kd is not None and d in layout.root_dofs else single.joint_limit_kd[d]
-            single.joint_damping[d] += kd
+            single.joint_damping[d] += cfg.limit_kd if cfg.limit_kd is not None else single.joint_limit_kd[d]
             single.joint_limit_kd[d] = 0.0
     if cfg.root_armature is not None:
         for d in layout.root_dofs:
