@@ -36,7 +36,14 @@ import warp as wp
 
 from harness import tags
 
-__all__ = ["AdjointClipper", "AdjointSettings", "profile_histogram_values", "profile_image", "profile_summary"]
+__all__ = [
+    "AdjointClipper",
+    "AdjointSettings",
+    "flat_grad_view",
+    "profile_histogram_values",
+    "profile_image",
+    "profile_summary",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +175,7 @@ def _adjoint_clip_kernel(
             _scale_row(a7, w, c)
 
 
-def _flat_grad_view(array: wp.array, world_count: int) -> wp.array:
+def flat_grad_view(array: wp.array, world_count: int) -> wp.array:
     """``array.grad`` as a (world_count, scalars per world) array of its scalar type."""
     if array.grad is None:
         raise ValueError("AdjointClipper: every state array needs a gradient (requires_grad=True)")
@@ -260,7 +267,7 @@ class AdjointClipper:
                 raise ValueError(f"AdjointClipper: step {step} outside the horizon {self.horizon}")
             if not 1 <= len(arrays) <= MAX_STATE_ARRAYS:
                 raise ValueError(f"AdjointClipper: 1 to {MAX_STATE_ARRAYS} state arrays per step, got {len(arrays)}")
-            views = [_flat_grad_view(array, self.world_count) for array in arrays]
+            views = [flat_grad_view(array, self.world_count) for array in arrays]
             views += [views[0]] * (MAX_STATE_ARRAYS - len(views))
             row = (self._no_base, step) if base is None else (base, step - start)
             tape.record_func(lambda: self._backward(*row, len(arrays), views), arrays)

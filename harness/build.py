@@ -359,6 +359,25 @@ def diagnose_sized(task: Any, env_config: Any, worlds: int) -> Any:
     return task.training_config(dataclasses.replace(env_config, world_count=worlds))
 
 
+def measurement_maker(cfg: DictConfig, choices: Mapping[str, Any] | None = None) -> Any:
+    """``make(worlds)`` for the gradient measurements a training run takes of itself
+    (``diagnose.every``, ``task.window=auto``): ``(make_env, task, loss)`` built afresh from the
+    run's config as it is evaluated (:func:`evaluation_config`), with ``worlds`` starts
+    (:func:`diagnose_sized`, :func:`diagnose_envs`)."""
+    import copy
+
+    probe_cfg = copy.deepcopy(cfg)
+    evaluation_config(probe_cfg, task_class(probe_cfg))
+
+    def make(worlds: int) -> tuple[Any, Any, Any]:
+        run = validate(probe_cfg, choices)
+        env_class, env_config = check_env_fields(probe_cfg)
+        sized = diagnose_sized(run.task, env_config, worlds)
+        return diagnose_envs(env_class, sized, run.settings.device), run.task, run.loss
+
+    return make
+
+
 def diagnose_envs(env_class: type, sized: Any, device: str | None) -> Any:
     """``make_env(steps, segmented)``: the env of one horizon of a diagnosis, ``sized``
     (:func:`diagnose_sized`) at ``steps``, in segments of about ``sqrt(steps)`` when

@@ -248,10 +248,11 @@ def test_mark_terminations_ends_the_episode_values_it_zero_and_starts_the_next()
     terminal = wp.zeros((steps, worlds), dtype=wp.int32)
     cost_weight, value_weight = (wp.zeros((steps, worlds), dtype=wp.float32) for _ in range(2))
     episode_step = wp.array([0, 2, 1], dtype=wp.int32)  # world 1 reaches its limit after step 1
-    wp.launch(k.episode_marks, dim=worlds, inputs=[episode_step, length, steps],
+    no_cut = wp.zeros((steps, worlds), dtype=wp.int32)
+    wp.launch(k.episode_marks, dim=worlds, inputs=[episode_step, length, steps, no_cut],
               outputs=[done, ends, cost_weight, value_weight, gamma])  # fmt: skip
     ended = wp.array([1, 1, 0], dtype=wp.int32)
-    wp.launch(k.mark_terminations, dim=worlds, inputs=[ended, 1, steps, length, gamma],
+    wp.launch(k.mark_terminations, dim=worlds, inputs=[ended, 1, steps, length, gamma, no_cut],
               outputs=[done, ends, terminal, cost_weight, value_weight])  # fmt: skip
     d, e, term = done.numpy(), ends.numpy(), terminal.numpy()
     cw, vw = cost_weight.numpy(), value_weight.numpy()

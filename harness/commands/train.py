@@ -302,39 +302,47 @@ def _diagnose_callbacks(cfg: DictConfig, hydra_cfg: Any, trainer: Any) -> list[A
     (:class:`harness.diagnose.DiagnoseLog`), on an env, task and loss of its own built from the
     run's config, before training starts (whole rollouts of training's length: a windowed
     policy's window), with ``diagnose.samples`` starts, or training's worlds when every world
-    trains its own parameters (or the task refuses the samples' count).
+    trains its own parameters (or the task refuses the samples' count); and under
+    ``task.window=auto`` the one choosing SHAC's gradient window (:class:`harness.auto_window.AutoWindow`).
 
     Raises:
         JobEnded: One line when the task refuses the measurement's env.
     """
     settings = config.diagnose_settings(cfg)
-    if not settings.every:
+    adaptive = getattr(trainer.task, "adaptive", False)
+    if not settings.every and not adaptive:
         return []
-    import copy
-
     from harness import build
+    from harness.auto_window import AutoWindow
     from harness.diagnose import DiagnoseLog
 
-    probe_cfg = copy.deepcopy(cfg)
-    build.evaluation_config(probe_cfg, build.task_class(probe_cfg))
     per_world = any(spec.world_axis is not None for spec in trainer.step.params.specs)
     worlds = trainer.env.world_count if per_world else settings.samples
+    make = build.measurement_maker(cfg, hydra_cfg.runtime.choices)  # as the diagnose command sizes it
 
-    def make(count: int) -> tuple[Any, Any, Any]:
-        run = build.validate(probe_cfg, hydra_cfg.runtime.choices)
-        env_class, env_config = config.check_env_fields(probe_cfg)
-        # As the diagnose command sizes it: a task may fix the size (sysid: the recording's worlds).
-        sized = build.diagnose_sized(run.task, env_config, count)
-        return build.diagnose_envs(env_class, sized, run.settings.device), run.task, run.loss
-
-    found = DiagnoseLog(
-        settings, make, horizon=trainer.env.horizon, worlds=worlds, training_worlds=trainer.env.world_count
-    )
-    try:
-        found.prepare()
-    except (ValueError, config.ConfigError) as exc:
-        raise JobEnded("failed", f"error: {config.first_line(exc)}", 2) from None
-    return [found]
+    found: list[Any] = []
+    if settings.every:
+        log = DiagnoseLog(
+            settings, make, horizon=trainer.env.horizon, worlds=worlds, training_worlds=trainer.env.world_count
+        )
+        try:
+            log.prepare()
+        except (ValueError, config.ConfigError) as exc:
+            raise JobEnded("failed", f"error: {config.first_line(exc)}", 2) from None
+        found.append(log)
+    if adaptive:
+        task = trainer.task
+        auto = AutoWindow(
+            settings, make, floor=task.auto.floor, ceiling=task.auto.ceiling, every=task.auto.every, worlds=worlds,
+            training_worlds=trainer.env.world_count, window=task.state(trainer.env)["window"],
+            evaluation_state=task.evaluation_state,
+        )  # fmt: skip
+        try:
+            auto.probe(task.auto.floor)  # the measurement's env is refused now, not after hours of training
+        except (ValueError, config.ConfigError) as exc:
+            raise JobEnded("failed", f"error: task.window=auto: {config.first_line(exc)}", 2) from None
+        found.append(auto)
+    return found
 
 
 def _prepare(cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> tuple[Any, list[Any], Any]:

@@ -43,6 +43,7 @@ import numpy as np
 import warp as wp
 
 from harness import schema, tags
+from harness.adjoint import flat_grad_view
 from harness.env import CarriesState, DrawsStarts, Env, EnvConfig, PolicyEnv, Restarts, Terminates
 from harness.losses import WeightedLoss
 from harness.nn import ACTIVATIONS, MLP, Regression
@@ -72,10 +73,23 @@ class ActorArgs(NetArgs):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class AutoArgs:
+    """``task.auto``: the gradient's window under ``task.window=auto`` (:mod:`harness.auto_window`)."""
+
+    floor: int = schema.field(8, minimum=1, doc="the shortest gradient window")
+    ceiling: int = schema.field(32, minimum=1, doc="the longest, and the steps of every rollout (floor x 2^k)")
+    every: int = schema.field(100, minimum=1, doc="iterations between two measurements of the gradient's trust")
+
+
+AUTO = "auto"
+"""``task.window=auto``: the gradient's window chosen in training from its measured trust."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SHACArgs:
     """The task's own fields (``configs/task/shac.yaml``), checked by :mod:`harness.schema`."""
 
-    window: int | None = schema.field(32, minimum=1, doc="steps per actor update (null: a whole episode)")
+    window: int | str | None = schema.field(32, doc="steps per actor update, auto, or null (a whole episode)")
     gamma: float = schema.field(0.99, minimum=0.0, strict=True, maximum=1.0, doc="discount per step")
     lam: float = schema.field(0.95, minimum=0.0, maximum=1.0, strict_maximum=True, doc="TD(lambda)'s lambda")
     critic_epochs: int = schema.field(16, minimum=1, doc="passes over the window's data per iteration")
@@ -101,6 +115,7 @@ class _Window:
     done: wp.array  # int32 (steps, worlds): the episode ends after the step
     ends: wp.array  # int32 (steps, worlds): a sub-trajectory ends after the step
     terminal: wp.array  # int32 (steps, worlds): the episode ended early after the step (valued 0)
+    cut: wp.array  # int32 (steps, worlds): the gradient is cut after the step (task.window=auto)
     ended: wp.array  # int32 (worlds,): the env's early ends of the state being restarted
     no_restart: wp.array  # int32 (worlds,): zeros, the restart mask outside training
     cost_weight: wp.array
@@ -118,7 +133,8 @@ class SHAC(Task):
     """SHAC's actor and critic (module docstring).
 
     Args:
-        window: Steps per actor update (SHAC: 32).
+        window: Steps per actor update (SHAC: 32); ``auto``: rollouts of ``auto.ceiling`` steps,
+            the gradient cut every ``n`` steps, ``n`` moved by :class:`harness.auto_window.AutoWindow`.
         gamma: Discount per step (0.99).
         lam: TD(lambda)'s lambda (0.95).
         critic_epochs: Passes over the window's data per iteration (16).
@@ -131,11 +147,12 @@ class SHAC(Task):
             ``log_std_init``, ``init_scale``).
         critic: :class:`NetArgs` fields, and the critic group's ``optim``, ``clip`` and
             ``schedule`` (built by :mod:`harness.build`, not here).
+        auto: :class:`AutoArgs` fields (``floor``, ``ceiling``, ``every``), read under ``window=auto``.
     """
 
     name = "shac"
     roles = (PolicyEnv, DrawsStarts, CarriesState, Restarts)
-    training_only = ("window",)
+    training_only = ("window", "auto")
     window_key = "task.window"
     evaluation_state = ("obs_mean", "obs_var", "obs_count")
 
@@ -153,13 +170,28 @@ class SHAC(Task):
         seed: int = 0,
         actor: Mapping[str, Any] | None = None,
         critic: Mapping[str, Any] | None = None,
+        auto: Mapping[str, Any] | None = None,
     ):
+        if (
+            window != AUTO
+            and window is not None
+            and (isinstance(window, bool) or not isinstance(window, int) or window < 1)
+        ):
+            raise schema.SchemaError(f"task.window: must be an integer >= 1, auto or null, got {window!r}")
+        self.auto = schema.build(AutoArgs, dict(auto or {}), prefix="task.auto")
+        floor, ceiling = self.auto.floor, self.auto.ceiling
+        if window == AUTO and (ceiling < floor or ceiling & (ceiling // floor - 1) or ceiling % floor):
+            raise schema.SchemaError(
+                f"task.auto.ceiling: must be task.auto.floor ({floor}) times a power of 2 "
+                f"({floor}, {2 * floor}, {4 * floor}, ...), got {ceiling}"
+            )
+        self.adaptive = window == AUTO
         self.args = schema.check(
             SHACArgs, "task", window=window, gamma=gamma, lam=lam, critic_epochs=critic_epochs,
             critic_minibatches=critic_minibatches, target_alpha=target_alpha, reward_scale=reward_scale,
             action_scale=action_scale, seed=seed,
         )  # fmt: skip
-        self.window = self.args.window
+        self.window = ceiling if self.adaptive else self.args.window
         self.action_scale = self.args.action_scale
         self.actor_args = schema.build(ActorArgs, dict(actor or {}), prefix="task.actor")
         self.critic_args = schema.build(NetArgs, dict(critic or {}), prefix="task.critic", ignore=UPDATE_KEYS)
@@ -265,6 +297,7 @@ class SHAC(Task):
                 "running_length": wp.zeros(worlds, dtype=wp.int32, device=device),
                 "last_return": wp.full(1, float("nan"), dtype=wp.float32, device=device),
                 "last_length": wp.full(1, float("nan"), dtype=wp.float32, device=device),
+                **({"window": wp.full(1, self.window, dtype=wp.int32, device=device)} if self.adaptive else {}),
                 **{f"carried/{name}": array for name, array in env.carried().items()},
             }
             self._finished = wp.zeros(3, dtype=wp.float32, device=device)
@@ -295,6 +328,7 @@ class SHAC(Task):
             done=wp.zeros((steps, worlds), dtype=wp.int32, device=device),
             ends=wp.zeros((steps, worlds), dtype=wp.int32, device=device),
             terminal=wp.zeros((steps, worlds), dtype=wp.int32, device=device),
+            cut=wp.zeros((steps, worlds), dtype=wp.int32, device=device),
             ended=wp.zeros(worlds, dtype=wp.int32, device=device),
             no_restart=wp.zeros(worlds, dtype=wp.int32, device=device),
             cost_weight=wp.zeros((steps, worlds), dtype=wp.float32, device=device),
@@ -332,9 +366,14 @@ class SHAC(Task):
                 k.window_keys, dim=steps + 1, inputs=[self.training_key, steps], outputs=[b.keys], device=env.device,
                 record_tape=False,
             )  # fmt: skip
+            if self.adaptive:
+                wp.launch(
+                    k.cut_every, dim=(steps, env.world_count), inputs=[state["window"], steps], outputs=[b.cut],
+                    device=env.device, record_tape=False,
+                )  # fmt: skip
             wp.launch(
                 k.episode_marks, dim=env.world_count,
-                inputs=[state["episode_step"], self._episode, steps],
+                inputs=[state["episode_step"], self._episode, steps, b.cut],
                 outputs=[b.done, b.ends, b.cost_weight, b.value_weight, self.args.gamma],
                 device=env.device, record_tape=False,
             )  # fmt: skip
@@ -369,16 +408,37 @@ class SHAC(Task):
             return
         b = self.buffers(env)
         env.observe_ended(t, b.next_obs[t - 1])
+        if self.adaptive and self.training_key is not None:
+            self._record_cut(env, t)
         if self.training_key is not None and isinstance(env, Terminates):
             env.terminated(t, b.ended)
             # marks and weights without a gradient: not on the tape (no adjoint launch)
             wp.launch(
                 k.mark_terminations, dim=env.world_count,
-                inputs=[b.ended, t - 1, env.horizon, self._episode, self.args.gamma],
+                inputs=[b.ended, t - 1, env.horizon, self._episode, self.args.gamma, b.cut],
                 outputs=[b.done, b.ends, b.terminal, b.cost_weight, b.value_weight], device=env.device,
                 record_tape=False,
             )  # fmt: skip
         env.restart(t, b.done[t - 1] if self.training_key is not None else b.no_restart, b.keys[t : t + 1])
+
+    def _record_cut(self, env: Env, t: int) -> None:
+        """On the tape, between the observation the critic values at a cut after step ``t - 1`` and
+        everything after it: the backward pass zeroes the state's adjoint there for the worlds cut
+        (:func:`~harness.tasks.shac_kernels.zero_cut_adjoint`), once the later steps have added to it
+        and before the value's own gradient does, so each window's gradient stays inside it."""
+        from warp._src import context  # the tape recording this rollout (Warp keeps it there only)
+
+        tape = context.runtime.tape
+        if tape is None:
+            return
+        cut = self.buffers(env).cut
+        views = [flat_grad_view(array, env.world_count) for array in env.state_arrays(t)]
+
+        def backward() -> None:
+            for view in views:
+                wp.launch(k.zero_cut_adjoint, dim=view.shape, inputs=[cut, t - 1], outputs=[view], device=env.device)
+
+        tape.record_func(backward, env.state_arrays(t))
 
     def act(self, env: Env, params: ParamSet, t: int) -> None:
         b = self.buffers(env)
@@ -481,12 +541,15 @@ class SHAC(Task):
         value over it), ``shac/critic_loss`` (the mean minibatch loss of the last critic epoch), ``shac/value_mean``
         (the target critic over the window's states), ``shac/target_mean`` (the TD(lambda)
         targets), ``shac/action_std``, ``shac/episode_return`` and ``shac/episode_length`` (of the
-        episodes that ended most recently; nan before the first)."""
+        episodes that ended most recently; nan before the first); under ``task.window=auto``,
+        ``shac/window``: the gradient's window the iteration trained with."""
         state = self._state
         found = [(tags.task("shac", name), self._scalars, i) for i, name in enumerate(SCALARS)]
         found.append((tags.task("shac", "actor_loss"), self._objective, 0))
         found.append((tags.task("shac", "episode_return"), state["last_return"], 0))
         found.append((tags.task("shac", "episode_length"), state["last_length"], 0))
+        if self.adaptive:
+            found.append((tags.task("shac", "window"), state["window"], 0))
         return found
 
     def figures(self, env: Env, loss: WeightedLoss, trajectory: Any) -> dict[str, Any]:

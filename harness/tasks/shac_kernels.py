@@ -12,6 +12,7 @@ import warp as wp
 
 __all__ = [
     "actor_objective",
+    "cut_every",
     "episode_marks",
     "episode_stats",
     "mark_terminations",
@@ -23,6 +24,7 @@ __all__ = [
     "td_lambda",
     "update_moments",
     "window_keys",
+    "zero_cut_adjoint",
 ]
 
 
@@ -36,10 +38,29 @@ def window_keys(counter: wp.array(dtype=wp.int32), steps: int, keys: wp.array(dt
 
 
 @wp.kernel
+def cut_every(window: wp.array(dtype=wp.int32), steps: int, cut: wp.array2d(dtype=wp.int32)):
+    """``cut[t] = 1`` after every ``window[0]`` steps of the rollout but its last (``task.window=auto``:
+    the gradient's window inside a rollout of the ceiling's steps)."""
+    t, w = wp.tid()
+    n = window[0]
+    cut[t, w] = wp.where((t + 1) % n == 0 and t < steps - 1, 1, 0)
+
+
+@wp.kernel
+def zero_cut_adjoint(cut: wp.array2d(dtype=wp.int32), t: int, grad: wp.array2d(dtype=wp.float32)):
+    """The adjoint of the state after step ``t`` of every world cut there (``grad`` a per-world view
+    of one state array's gradient): nothing later in the rollout reaches the steps before the cut."""
+    w, j = wp.tid()
+    if cut[t, w] != 0:
+        grad[w, j] = 0.0
+
+
+@wp.kernel
 def episode_marks(
     episode_step: wp.array(dtype=wp.int32),
     episode_length: int,
     steps: int,
+    cut: wp.array2d(dtype=wp.int32),
     done: wp.array2d(dtype=wp.int32),
     ends: wp.array2d(dtype=wp.int32),
     cost_weight: wp.array2d(dtype=wp.float32),
@@ -49,8 +70,10 @@ def episode_marks(
     """For one world over the window: ``done[t]`` (its episode ends after step ``t``), ``ends[t]``
     (a sub-trajectory ends there: done, or the window's last step), and the actor objective's
     weights: ``cost_weight[t] = gamma^k`` with ``k`` the steps since the sub-trajectory began, and
-    ``value_weight[t] = gamma^(k + 1)`` where it ends (0 elsewhere). Non-differentiable:
-    they depend on the episode counters only."""
+    ``value_weight[t] = gamma^(k + 1)`` where it ends (0 elsewhere). A gradient cut (``cut[t]``,
+    ``task.window=auto``) ends the actor's sub-trajectory too, without ending the episode: the
+    critic's TD(lambda) returns run on through it (``ends`` is theirs). Non-differentiable: they
+    depend on the episode counters and the cuts only."""
     w = wp.tid()
     discount = wp.float32(1.0)
     for t in range(steps):
@@ -59,8 +82,8 @@ def episode_marks(
         last = ended or t == steps - 1
         ends[t, w] = wp.where(last, 1, 0)
         cost_weight[t, w] = discount
-        value_weight[t, w] = wp.where(last, gamma * discount, 0.0)
-        discount = wp.where(ended, 1.0, discount * gamma)
+        value_weight[t, w] = wp.where(last or cut[t, w] != 0, gamma * discount, 0.0)
+        discount = wp.where(ended or cut[t, w] != 0, 1.0, discount * gamma)
 
 
 @wp.kernel
@@ -70,6 +93,7 @@ def mark_terminations(
     steps: int,
     episode_length: int,
     gamma: float,
+    cut: wp.array2d(dtype=wp.int32),
     done: wp.array2d(dtype=wp.int32),
     ends: wp.array2d(dtype=wp.int32),
     terminal: wp.array2d(dtype=wp.int32),
@@ -80,7 +104,7 @@ def mark_terminations(
     :class:`~harness.env.Terminates`): its episode is done after step ``t``, its last state is
     valued 0 (``terminal``: no bootstrap, as SHAC's code does for an early termination), and a new
     episode starts at step ``t + 1``, whose marks and weights replace :func:`episode_marks`' for
-    the rest of the window. An episode that reaches its time limit at ``t`` is not an early end
+    the rest of the window (its gradient cuts kept). An episode that reaches its time limit at ``t`` is not an early end
     (its last state is valued by the critic)."""
     w = wp.tid()
     if ended[w] == 0 or done[t, w] != 0:
@@ -97,8 +121,8 @@ def mark_terminations(
         ends[s, w] = wp.where(last, 1, 0)
         terminal[s, w] = 0
         cost_weight[s, w] = discount
-        value_weight[s, w] = wp.where(last, gamma * discount, 0.0)
-        discount = wp.where(limit, 1.0, discount * gamma)
+        value_weight[s, w] = wp.where(last or cut[s, w] != 0, gamma * discount, 0.0)
+        discount = wp.where(limit or cut[s, w] != 0, 1.0, discount * gamma)
 
 
 @wp.kernel
