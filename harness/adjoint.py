@@ -175,6 +175,14 @@ def _adjoint_clip_kernel(
             _scale_row(a7, w, c)
 
 
+def recording_tape() -> wp.Tape | None:
+    """The tape recording the launches now (inside ``with tape:``), or None: what a ``Tape.record_func``
+    made during a rollout is recorded on (Warp keeps it in its runtime only)."""
+    from warp._src import context
+
+    return context.runtime.tape
+
+
 def flat_grad_view(array: wp.array, world_count: int) -> wp.array:
     """``array.grad`` as a (world_count, scalars per world) array of its scalar type."""
     if array.grad is None:

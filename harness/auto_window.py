@@ -109,14 +109,30 @@ class AutoWindow(Callback):
         self.seconds = 0.0  # host time of every measurement so far [s]
 
     def probe(self, steps: int) -> Probe:
-        """The measurement of ``steps``-step rollouts (built on first use, then kept)."""
+        """The measurement of ``steps``-step rollouts (built on first use, then kept), with
+        ``worlds`` starts, or training's worlds where the task refuses that many (SHAC's critic
+        minibatches must divide steps x worlds), as ``diagnose.every``'s.
+
+        Raises:
+            ValueError: One line: the task refuses the measurement's env with either world count.
+        """
         found = self._probes.get(steps)
-        if found is None:
-            make_env, task, loss = self.make(self.worlds)
+        if found is not None:
+            return found
+        tried: dict[int, str] = {}
+        for worlds in dict.fromkeys([self.worlds, self.training_worlds]):
+            make_env, task, loss = self.make(worlds)
             env = _built(make_env, steps, task, loss, self.settings, True)
-            with _draw_key(task, env, self.settings.seed) as key:
-                found = self._probes[steps] = Probe(env, task, loss, key=key, capture=_capturable(env, task, loss))
-        return found
+            try:
+                with _draw_key(task, env, self.settings.seed) as key:
+                    found = Probe(env, task, loss, key=key, capture=_capturable(env, task, loss))
+            except ValueError as exc:
+                tried[worlds] = str(exc).splitlines()[0]
+                continue
+            self.worlds = worlds  # every window's measurement with the same starts
+            self._probes[steps] = found
+            return found
+        raise ValueError(next(iter(tried.values())))
 
     def measure(self, steps: int, values: np.ndarray, trained: dict[str, Any], done: int) -> HorizonResult:
         """One window's measures at the flat parameter values ``values``, the training task's
@@ -154,8 +170,8 @@ class AutoWindow(Callback):
 
     def on_iteration(self, loop: Any, iteration: int) -> None:
         done = iteration + 1
-        if done % self.every or done >= loop.settings.iterations:
-            return
+        if done % self.every or done >= loop.settings.iterations or getattr(loop, "stopping", False):
+            return  # (a run stopping on a signal has written its checkpoint: a resumed run measures)
         step = loop.step
         current = int(self.window.numpy()[0])
         following, results = self.decide(step.params.data.numpy(), step.task.state(step.env), done)

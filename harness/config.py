@@ -824,13 +824,16 @@ ADDED_FIELDS = {
     "env.joint_stiffness": lambda now: _select(now, "env.joint_stiffness") is None,
     "env.limit_kd_everywhere": lambda now: _select(now, "env.limit_kd_everywhere") is False,
     "env.height_scale": lambda now: _select(now, "env.height_scale") == 1.0,
+    "env.nan_guard": lambda now: _select(now, "env.nan_guard") is False,
+    "task.auto": lambda now: _select(now, "task.window") != "auto",
 }
 """Config keys added after checkpoints were written, and when the current config's value does
 what the checkpoint's run did without the key (an open-loop run without initial noise does not
 read its seed; a robot whose contact damping is given does not read the ratio; a torque-controlled
 robot does not read the drive's settings, and a drive limited at inf is the drive before
 limits; cylinders left as cylinders; the file's joint springs, the limit damping past a limit
-only, and a shaped height's bonus at 1 x the height): a checkpoint that lacks such a key resumes
+only, a shaped height's bonus at 1 x the height, no guard against a world's non-finite numbers, SHAC's
+window fixed): a checkpoint that lacks such a key resumes
 under that condition."""
 
 AS_WRITTEN = {"env.effort_limit": "[inf]", "env.velocity_limit": "[inf]"}
@@ -856,6 +859,10 @@ def _fill_added_fields(before: dict, now: dict, path: Path) -> None:
             )
 
 
+AUTO_WINDOW_DIAGNOSE = ("samples", "segment_from", "zo_pairs", "zo_scale", "snr_min", "zo_cosine_min", "seed")
+"""The ``diagnose`` settings that ``task.window=auto``'s measurements read: fixed on resume there."""
+
+
 def check_saved_config(saved: Any, cfg: DictConfig, path: Path) -> None:
     """Refuse to resume when the config differs from the checkpoint's beyond :data:`RESUME_MAY_CHANGE`."""
     import yaml
@@ -864,6 +871,14 @@ def check_saved_config(saved: Any, cfg: DictConfig, path: Path) -> None:
         return
     before = _current_targets(yaml.safe_load(saved.meta["config"]))
     now = OmegaConf.to_container(cfg, resolve=True)
+    if _select(now, "task.window") == "auto":  # the measurement's settings choose the window here
+        for key in AUTO_WINDOW_DIAGNOSE:
+            old, new = _select(before, f"diagnose.{key}"), _select(now, f"diagnose.{key}")
+            if old is not None and old != new:
+                raise ConfigError(
+                    f"resume: checkpoint '{path}' was written with diagnose.{key}={old!r}, this run has "
+                    f"diagnose.{key}={new!r}; under task.window=auto it chooses the window: pass diagnose.{key}={old!r}"
+                )
     for key in RESUME_MAY_CHANGE:
         before.pop(key, None)
         now.pop(key, None)

@@ -355,6 +355,11 @@ class Env(abc.ABC):
         """Physical figures of a rollout worth reporting (host values); empty by default."""
         return {}
 
+    def columns(self) -> list[tuple[str, wp.array, int]]:
+        """Per-iteration device scalars of the training rollout for the history, as ``(tag, device
+        array, index)`` (the robot env's ``robot/nonfinite_worlds`` under ``env.nan_guard``); none by default."""
+        return []
+
     def blowup(self) -> str | None:
         """Where the latest rollout left finite numbers (the step and what blew up: one phrase a
         diverged run's message ends with), or None when the env cannot tell (the default)."""

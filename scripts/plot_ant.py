@@ -33,13 +33,16 @@ def curve(run: Path) -> dict:
     from harness import tags
 
     config = yaml.safe_load((run / "config.yaml").read_text())
-    per_iteration = int(config["task"]["window"]) * int(config["env"]["world_count"])
+    task = config["task"]
+    auto = task["window"] == "auto"  # task.window=auto: every rollout runs the ceiling's steps
+    per_iteration = int(task["auto"]["ceiling"] if auto else task["window"]) * int(config["env"]["world_count"])
     events = EventAccumulator(str(run), size_guidance={"scalars": 0})
     events.Reload()
     points = {e.step: e.value for e in events.Scalars(tags.EPISODE_RETURN)}  # a resumed run rewrites its steps
     found = {
         "run": str(run),
         "seed": config.get("seed"),
+        "method": "SHAC, task.window=auto" if auto else "SHAC",
         "planned_iterations": config.get("iterations"),
         "worlds": int(config["env"]["world_count"]),
         "steps": [step * per_iteration for step in sorted(points)],
@@ -105,7 +108,7 @@ def main() -> None:
             ax.fill_between(at, mean - std, mean + std, color="0.35", alpha=0.2, linewidth=0)
         for i, c in enumerate(curves):
             colour = f"C{i}"
-            label = f"seed {c['seed']}: episodes from the env's starts"
+            label = f"{c['method']}, seed {c['seed']}: episodes from the env's starts"
             if c["iterations"] and c["planned_iterations"] and c["iterations"][-1] < c["planned_iterations"]:
                 label += f" (stopped at iteration {c['iterations'][-1]} of {c['planned_iterations']})"
             ax.plot(c[x], c["return"], "o-", color=colour, label=label, markersize=4)
@@ -113,7 +116,7 @@ def main() -> None:
                 h = c["held_out"]
                 where = h["steps"] if panel == 0 else h["iteration"]
                 speed = h.get("forward_speed", float("nan"))
-                held = f"seed {c['seed']}: 64 held-out starts (env.seed=7), {speed:.2f} m/s"
+                held = f"{c['method']}, seed {c['seed']}: 64 held-out starts (env.seed=7), {speed:.2f} m/s"
                 ax.plot([where], [h["episode_return"]], "*", color=colour, markersize=14, label=held)
         ax.grid(alpha=0.3)
     worlds = "/".join(str(w) for w in sorted({c["worlds"] for c in curves}))

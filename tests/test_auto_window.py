@@ -11,9 +11,10 @@ import subprocess
 import numpy as np
 import pytest
 import warp as wp
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from harness import checkpoint
+from harness import checkpoint, config
 from harness.auto_window import AutoWindow, next_window, windows
 from harness.config import DiagnoseSettings
 from harness.tasks import TrainQuantities
@@ -22,48 +23,55 @@ from harness.training import Callback
 from tests.test_checkpoint import final_checkpoint, newest_iteration, start, train, wait_for
 from tests.test_diagnose import WORLDS, linear_loss, make_linear
 from tests.test_errors import assert_clean_rejection
+from tests.test_robot import check_resume
 from tests.test_shac import SMALL, trainer
 
 AUTO = ["task.window=auto", "task.auto.floor=2", "task.auto.ceiling=8", "task.auto.every=2", "diagnose.samples=4"]
 """SHAC's small cartpole with rollouts of 8 steps and gradient windows of 2, 4 or 8."""
 
 
-def marks(episode_step, cut, ended_at, ended, *, length, gamma):
+def marks(episode_step, cut, ended_at, *, length, gamma):
     """numpy model of the actor's weights: a sub-trajectory ends at an episode's end, a cut or the
-    rollout's last step; after an early end at ``ended_at`` a new episode starts."""
+    rollout's last step; world ``w`` ends early after step ``ended_at[w]`` (-1: never), valued 0,
+    and a new episode starts."""
     steps, worlds = cut.shape
     cw, vw = np.zeros((steps, worlds)), np.zeros((steps, worlds))
     for w in range(worlds):
         discount, since = 1.0, episode_step[w]
         for t in range(steps):
             since += 1
-            done = since % length == 0 or (ended[w] and t == ended_at)
+            early = t == ended_at[w]
+            done = since % length == 0 or early
             cw[t, w] = discount
             last = done or cut[t, w] or t == steps - 1
-            vw[t, w] = 0.0 if (ended[w] and t == ended_at) else (gamma * discount if last else 0.0)
-            if ended[w] and t == ended_at:
+            vw[t, w] = 0.0 if early else (gamma * discount if last else 0.0)
+            if early:
                 since = 0
             discount = 1.0 if (done or cut[t, w]) else discount * gamma
     return cw, vw
 
 
 def test_cuts_end_the_actors_windows_and_leave_the_critics_returns_whole():
-    steps, worlds, gamma, length = 8, 3, 0.9, 6
+    steps, worlds, gamma, length = 8, 4, 0.9, 6
     window = wp.array([3], dtype=wp.int32)
     cut = wp.zeros((steps, worlds), dtype=wp.int32)
     wp.launch(k.cut_every, dim=(steps, worlds), inputs=[window, steps], outputs=[cut])
     np.testing.assert_array_equal(cut.numpy()[:, 0], [0, 0, 1, 0, 0, 1, 0, 0])  # not after the last step
     done, ends, terminal = (wp.zeros((steps, worlds), dtype=wp.int32) for _ in range(3))
     cost_weight, value_weight = (wp.zeros((steps, worlds), dtype=wp.float32) for _ in range(2))
-    episode_step = np.array([0, 4, 1], np.int32)  # world 1's episode reaches its limit after step 1
+    episode_step = np.array([0, 4, 1, 0], np.int32)  # world 1's episode reaches its limit after step 1
     wp.launch(k.episode_marks, dim=worlds, inputs=[wp.array(episode_step), length, steps, cut],
               outputs=[done, ends, cost_weight, value_weight, gamma])  # fmt: skip
-    ended = np.array([0, 0, 1], np.int32)  # world 2 falls after step 3, between two cuts
-    wp.launch(k.mark_terminations, dim=worlds, inputs=[wp.array(ended), 3, steps, length, gamma, cut],
-              outputs=[done, ends, terminal, cost_weight, value_weight])  # fmt: skip
-    cw, vw = marks(episode_step, cut.numpy(), 3, ended, length=length, gamma=gamma)
+    # world 3 falls after step 2, where a cut is; world 2 after step 3, between two cuts (in step order)
+    ended_at = np.array([-1, -1, 3, 2])
+    for t in (2, 3):
+        ended = wp.array((ended_at == t).astype(np.int32))
+        wp.launch(k.mark_terminations, dim=worlds, inputs=[ended, t, steps, length, gamma, cut],
+                  outputs=[done, ends, terminal, cost_weight, value_weight])  # fmt: skip
+    cw, vw = marks(episode_step, cut.numpy(), ended_at, length=length, gamma=gamma)
     np.testing.assert_allclose(cost_weight.numpy(), cw, rtol=1e-6)
     np.testing.assert_allclose(value_weight.numpy(), vw, rtol=1e-6)
+    assert vw[2, 3] == 0.0 and terminal.numpy()[2, 3] == 1  # a fall at a cut: valued 0, not bootstrapped
     # the critic's returns end where episodes and the rollout end, never at a cut
     e = ends.numpy()
     np.testing.assert_array_equal(e[:, 0], [0, 0, 0, 0, 0, 1, 0, 1])  # world 0: its limit after step 5
@@ -98,6 +106,37 @@ def test_no_gradient_crosses_a_cut():
     np.testing.assert_array_equal(profiles[4][:4], 0.0)
     assert profiles[8][:4].min() > 0
     assert profiles[4][4:].min() > 0
+
+
+def test_the_first_piece_of_a_cut_rollout_is_shacs_window_of_that_length():
+    """Cut at 4 of 8 steps, only the first piece weighted: the actor's gradient is SHAC's at
+    ``task.window=4`` (its value at the cut and that value's gradient included) times 4 / 8, the
+    objective's normalisation by the rollout's steps."""
+    grads = {}
+    for name, overrides in (("cut", [*AUTO, "task.auto.floor=4"]), ("shac", ["task.window=4"])):
+        t = trainer(*overrides, "capture=false", "env.horizon=50", "env.tilt=0.3")
+        step, task, env = t.step, t.task, t.env
+        task._target.data.assign(  # a target critic far from its near-zero start: the bootstrap counts
+            (task._target.data.numpy() + 0.3 * np.random.default_rng(0).normal(size=task._target.size)).astype(
+                np.float32
+            )
+        )
+        if name == "cut":
+            task.state(env)["window"].fill_(4)
+
+        def objective(trajectory, task=task, env=env, step=step, name=name):
+            b = task.buffers(env)
+            if name == "cut":
+                for weights in (b.cost_weight, b.value_weight):
+                    kept = weights.numpy()
+                    kept[4:] = 0.0
+                    weights.assign(kept)
+            return task.objective(env, step.loss, trajectory)
+
+        step.forward_backward(objective=objective)
+        grads[name] = t.state.groups["actor"].params.grad.numpy().astype(np.float64)
+    assert np.abs(grads["shac"]).max() > 0
+    np.testing.assert_allclose(grads["cut"], 0.5 * grads["shac"], rtol=1e-5, atol=1e-7 * np.abs(grads["shac"]).max())
 
 
 def test_the_rule_halves_an_untrusted_window_and_doubles_to_a_trusted_one():
@@ -176,6 +215,31 @@ def test_a_run_logs_its_window_and_each_measurement(tmp_path):
     ]
 
 
+def test_a_run_resumed_at_a_measuring_iteration_takes_that_measurement(tmp_path):
+    """A run that ended at iteration 3 (its checkpoint holds the window before the measurement at 3)
+    and is resumed to 6 equals a run of 6: the resumed run measures at 3 first. The schedules decay
+    over a fixed number of steps, so that both runs' agree whatever their iterations."""
+    args = [*SMALL, *AUTO, "task.auto.every=3", "diagnose.snr_min=3", "schedule.decay_steps=100",
+            "task.critic.schedule.decay_steps=100"]  # fmt: skip
+    straight = train([*args, "iterations=6", f"hydra.run.dir={tmp_path / 'straight'}"], tmp_path)
+    assert straight.returncode == 0, straight.stderr
+    assert "auto window at iteration 3: 8 steps NOT trusted" in straight.stdout
+    first = train([*args, "iterations=3", f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "auto window" not in first.stdout  # the last iteration measures nothing
+    assert final_checkpoint(tmp_path / "resumed").arrays["task/window"][0] == 8
+    resumed = train([*args, "iterations=6", "resume=auto", f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "auto window at iteration 3: 8 steps NOT trusted" in resumed.stdout
+    a, b = final_checkpoint(tmp_path / "straight"), final_checkpoint(tmp_path / "resumed")
+    assert a.iteration == b.iteration == 6 and a.arrays["task/window"][0] == 4
+    for key, value in a.arrays.items():
+        np.testing.assert_array_equal(value, b.arrays[key], err_msg=key)
+    changed = [*args, "iterations=6", "resume=auto", "diagnose.snr_min=2", f"hydra.run.dir={tmp_path / 'resumed'}"]
+    changed = train(changed, tmp_path)
+    assert changed.returncode != 0 and "diagnose.snr_min=3" in changed.stderr
+
+
 @pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_run_killed_with_sigkill_resumes_bit_for_bit_with_its_window(tmp_path):
     """Checkpoints at measuring iterations: the resumed run takes the measurement it missed."""
@@ -204,9 +268,20 @@ def test_a_run_killed_with_sigkill_resumes_bit_for_bit_with_its_window(tmp_path)
         (["task.window=often"], "task.window", "auto or null"),
         ([*AUTO, "task.auto.ceiling=12"], "task.auto.ceiling", "task.auto.floor (2) times a power of 2"),
         ([*AUTO, "task.auto.floor=16"], "task.auto.ceiling", "times a power of 2"),
+        ([*AUTO, "task.auto.floor=8", "task.auto.ceiling=24"], "task.auto.ceiling", "task.auto.floor (8) times"),
         ([*AUTO, "task.auto.every=0"], "task.auto.every", ">= 1"),
     ],
-    ids=["window", "ceiling", "floor_above_ceiling", "every"],
+    ids=["window", "ceiling", "floor_above_ceiling", "not_a_power_of_2", "every"],
 )
 def test_bad_auto_window_settings_are_refused_in_one_line(tmp_path, args, field, accepted):
     assert_clean_rejection(train([*SMALL, *args, "iterations=1"], tmp_path), field, accepted, tmp_path)
+
+
+@pytest.mark.parametrize(("window", "refused"), [("32", None), ("auto", "task.auto")])
+def test_a_shac_checkpoint_from_before_auto_resumes_with_its_window_fixed(tmp_path, window, refused):
+    """Written before task.auto existed, a SHAC run resumes with a fixed window, not under auto."""
+    cfg, _ = config.compose_config("train", ["+env=hopper", "task=shac", f"task.window={window}"])
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    saved["task"].pop("auto")
+    saved["task"]["window"] = 32
+    check_resume(saved, cfg, refused, tmp_path)

@@ -184,11 +184,13 @@ def test_every_path_that_ends_an_episode_reads_the_one_termination_rule():
     env.terminated(1, flags)
     alive = wp.zeros(worlds, dtype=wp.float32)
     touching = wp.zeros(env.model.body_count, dtype=wp.int32)
+    nonfinite = wp.zeros(1, dtype=wp.int32)
     wp.launch(kernels.survive, dim=worlds, inputs=[env.state(1).body_q, env._termination, env.state(0).alive],
-              outputs=[alive, touching])  # fmt: skip
+              outputs=[alive, touching, nonfinite])  # fmt: skip
     np.testing.assert_array_equal(env.trajectory()["terminated"].numpy()[0, :, 0], expected)
     np.testing.assert_array_equal(flags.numpy(), expected)
     np.testing.assert_array_equal(alive.numpy(), 1 - expected)
+    assert nonfinite.numpy()[0] == 1  # the one world that is not finite is counted (env.nan_guard's figure)
 
 
 def test_the_tape_matches_central_differences_through_touchdowns_and_lift_offs():

@@ -228,6 +228,11 @@ class RobotConfig(NewtonEnvConfig):
         None, minimum=-1.0, maximum=1.0, doc="an episode ends when up (root up axis . world up) is below this"
     )
     settle_time: float = field(2.0, minimum=0.0, doc="seconds an unactuated world is simulated to check the file")
+    nan_guard: bool = field(
+        False,
+        doc="a world whose simulation goes non-finite keeps it to itself (DiffRL's nan_state_fix, its Humanoid's): "
+        "its step's reward is 0, and nan or inf in the adjoint leaving each step becomes 0",
+    )
 
     def check(self) -> None:
         if self.mass_matrix_every > self.substeps:

@@ -14,6 +14,7 @@ from envs.robot import kernels, model
 from envs.robot.config import Piece, RobotConfig, Term
 from envs.robot.report import blown_up, drive_figures, episode_figures
 from envs.robot.settle import check_settles
+from harness.adjoint import recording_tape
 from harness.env import DrawsStarts, PolicyEnv, Restarts, Segmentable, Terminates, Trajectory, host_rng
 from harness.newton_env import NewtonEnv
 
@@ -76,6 +77,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         self.contacts = [[self.pipeline.contacts() for _ in self.collide_at] for _ in range(kept)]
         # per step kept: which bodies touch the ground after the step (contact_mask; gradcheck's phases)
         self._touching = wp.zeros((kept, self.model.body_count), dtype=wp.int32, device=self.device)
+        # worlds whose root went nan or inf in the rollout so far (robot/nonfinite_worlds under nan_guard)
+        self.nonfinite = wp.zeros(1, dtype=wp.int32, device=self.device)
         self._write_host_starts(host_rng(cfg.seed))
         # one quiet world of its own (settle.py says why not this env's worlds)
         check_settles(cfg, lambda quiet: RobotEnv(quiet, device=self.device))
@@ -205,6 +208,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
 
     def reset(self) -> None:
         super().reset()
+        self.nonfinite.zero_()
         self._pose(self.state(0))
 
     def restart(self, t: int, done: wp.array, key: wp.array) -> None:
@@ -230,6 +234,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
     def step(self, t: int) -> None:
         slot, cfg = self.store(t), self.config
         source, last = self.current(t), self.state(t + 1)
+        if cfg.nan_guard:
+            self._guard_adjoint(source, self._action_out[4][slot])
         contacts = None
         for k in range(cfg.substeps):
             target = self.substeps.target(slot, k, last)
@@ -249,7 +255,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             touching.zero_()
         wp.launch(
             kernels.survive, dim=self.world_count, inputs=[last.body_q, self._termination, self.current(t).alive],
-            outputs=[last.alive, touching], device=self.device,
+            outputs=[last.alive, touching, self.nonfinite], device=self.device,
         )  # fmt: skip
         # marks without a gradient: not on the tape (no adjoint launch)
         wp.launch(
@@ -257,6 +263,25 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             inputs=[last.body_q, kernels.contact_set(self.model, contacts)], outputs=[touching], device=self.device,
             record_tape=False,
         )  # fmt: skip
+
+    def _guard_adjoint(self, source: newton.State, actions: wp.array) -> None:
+        """``env.nan_guard``: on the tape before the step's launches, so the backward pass runs it once
+        the step's adjoint is through: nan and inf in the adjoint of the state the step starts from
+        and of the action it applies become 0 (DiffRL's ``nan_state_fix``: hooks on ``joint_q``,
+        ``joint_qd`` and the actions). A world whose simulation blew up keeps its nan to itself:
+        what reaches the earlier steps and the policy is finite, and the other worlds' gradient is
+        untouched (nothing to replace where the numbers are finite)."""
+        tape = recording_tape()
+        if tape is None:
+            return
+        arrays = [getattr(source, name, None) for name in GUARDED_FIELDS] + [actions]
+        grads = [_scalar_view(array.grad) for array in arrays if array is not None and array.grad is not None]
+
+        def backward() -> None:
+            for grad in grads:
+                wp.launch(kernels.finite_adjoint, dim=grad.shape, inputs=[grad], device=self.device)
+
+        tape.record_func(backward, [])
 
     def _apply_drive(self, slot: int, k: int, state: newton.State) -> None:
         """The drive's torques on substep ``k`` of the step in ``slot``, from ``state`` and the step's
@@ -289,7 +314,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             inputs=[state.joint_q, state.body_q, state.body_qd, state.prev_action, self._terms, self._weights,
                     self._limit_coords, self._lower, self._upper, layout.root_body, layout.body_count,
                     layout.coord_count, len(layout.actuated_dofs), self._up, self._forward, cfg.height_reference,
-                    cfg.height_cap, cfg.height_penalty, cfg.height_scale, self._termination, self.current(t).alive,
+                    cfg.height_cap, cfg.height_penalty, cfg.height_scale, self._termination, int(cfg.nan_guard),
+                    self.current(t).alive,
                     self.segment_base, row - self._base],
             outputs=[self.observed["reward"], self.observed["root_position"], self.observed["terminated"]],
             device=self.device,
@@ -357,6 +383,11 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             found.update(drive_figures(trajectory["drive"].numpy(), trajectory["terminated"].numpy()))
         return found
 
+    def columns(self) -> list[tuple[str, wp.array, int]]:
+        """``robot/nonfinite_worlds`` under ``env.nan_guard``: the worlds whose simulation went nan or
+        inf in the iteration's rollout (each ends its episode there and is rewarded 0 for the step)."""
+        return [("robot/nonfinite_worlds", self.nonfinite, 0)] if self.config.nan_guard else []
+
     def component_names(self) -> dict[str, list[str]]:
         return {
             "reward": [f"{term} (weighted)" for term in self.config.reward_terms()],
@@ -384,3 +415,17 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
                     f"'{self.layout.body_names[body]}' of world {world}"
                 )
         return None
+
+
+GUARDED_FIELDS = ("joint_q", "joint_qd", "body_q", "body_qd", "prev_action", "alive")
+"""The State arrays whose adjoint ``env.nan_guard`` cleans where a step begins (every one the step
+reads with a gradient)."""
+
+
+def _scalar_view(grad: wp.array) -> wp.array:
+    """A float32 array's gradient as a flat float32 view (transforms and spatial vectors included)."""
+    scalar = getattr(grad.dtype, "_wp_scalar_type_", grad.dtype)
+    if scalar is not wp.float32 or not grad.is_contiguous:
+        raise TypeError(f"env.nan_guard: contiguous float32-based gradients only, got {grad.dtype.__name__}")
+    count = grad.size * (wp.types.type_size(grad.dtype) if scalar is not grad.dtype else 1)
+    return wp.array(ptr=grad.ptr, dtype=wp.float32, shape=(count,), device=grad.device, copy=False)

@@ -78,14 +78,26 @@ def survive(
     before: wp.array(dtype=wp.float32),
     after: wp.array(dtype=wp.float32),
     touching: wp.array(dtype=wp.int32),
+    nonfinite: wp.array(dtype=wp.int32),
 ):
-    # alive after the step: alive before it, and the step's result does not end the episode; and
-    # the world's row of the step's contact marks cleared for mark_contacts (no gradient: an int
-    # array; in this launch rather than a memset of its own)
+    # alive after the step: alive before it, and the step's result does not end the episode; the
+    # world's row of the step's contact marks cleared for mark_contacts (no gradient: an int array;
+    # in this launch rather than a memset of its own); a count of the worlds whose root went nan or inf
     w = wp.tid()
-    after[w] = wp.where(ends(body_q[w * rule.body_count + rule.root], rule), 0.0, before[w])
+    X = body_q[w * rule.body_count + rule.root]
+    after[w] = wp.where(ends(X, rule), 0.0, before[w])
     for b in range(rule.body_count):
         touching[w * rule.body_count + b] = 0
+    if not wp.isfinite(wp.transform_get_translation(X)):
+        wp.atomic_add(nonfinite, 0, 1)
+
+
+@wp.kernel
+def finite_adjoint(grad: wp.array(dtype=wp.float32)):
+    # nan and +-inf in an adjoint become 0 (torch.nan_to_num(grad, 0, 0, 0): DiffRL's nan_state_fix)
+    i = wp.tid()
+    if not wp.isfinite(grad[i]):
+        grad[i] = 0.0
 
 
 # -- actions, observations, observables ------------------------------------------------------------
@@ -282,6 +294,7 @@ def record(
     height_penalty: float,
     height_scale: float,
     rule: Termination,
+    guard: int,
     alive: wp.array(dtype=wp.float32),
     base: wp.array(dtype=wp.int32),
     offset: int,
@@ -324,6 +337,8 @@ def record(
             value = -pitch * pitch
         else:  # Term.ALIVE
             value = 1.0
+        if guard != 0 and not wp.isfinite(value):
+            value = 0.0  # env.nan_guard: a world whose state went non-finite is rewarded 0 for the step
         reward[row, w, k] = weights[k] * value * alive[w]
     for d in range(3):
         root_position[row, w, d] = p[d]

@@ -338,7 +338,7 @@ def _diagnose_callbacks(cfg: DictConfig, hydra_cfg: Any, trainer: Any) -> list[A
             evaluation_state=task.evaluation_state,
         )  # fmt: skip
         try:
-            auto.probe(task.auto.floor)  # the measurement's env is refused now, not after hours of training
+            auto.probe(task.auto.ceiling)  # the largest measurement is refused now, not after hours of training
         except (ValueError, config.ConfigError) as exc:
             raise JobEnded("failed", f"error: task.window=auto: {config.first_line(exc)}", 2) from None
         found.append(auto)

@@ -24,6 +24,10 @@ observation to a value. One iteration (:meth:`SHAC.iterate`), all of it one capt
    running mean and variance of the observations absorb the window's (Chan et al. 1979);
    every world's episode counter moves on.
 
+Under ``window=auto`` (:mod:`harness.auto_window`) every rollout runs ``auto.ceiling`` steps and the
+actor's gradient is cut every ``n`` steps inside it, ``n`` a device number the measurement of the
+gradient's trust moves between iterations.
+
 Observations are normalised with the statistics as they stood when the window began (SHAC:
 a frozen copy); the statistics, the target critic, the episode counters, the carried state
 and the episode bookkeeping are the task's state, in every checkpoint, so a resumed run goes
@@ -43,7 +47,7 @@ import numpy as np
 import warp as wp
 
 from harness import schema, tags
-from harness.adjoint import flat_grad_view
+from harness.adjoint import flat_grad_view, recording_tape
 from harness.env import CarriesState, DrawsStarts, Env, EnvConfig, PolicyEnv, Restarts, Terminates
 from harness.losses import WeightedLoss
 from harness.nn import ACTIVATIONS, MLP, Regression
@@ -159,7 +163,7 @@ class SHAC(Task):
     def __init__(
         self,
         *,
-        window: int = 32,
+        window: int | str | None = 32,
         gamma: float = 0.99,
         lam: float = 0.95,
         critic_epochs: int = 16,
@@ -180,7 +184,8 @@ class SHAC(Task):
             raise schema.SchemaError(f"task.window: must be an integer >= 1, auto or null, got {window!r}")
         self.auto = schema.build(AutoArgs, dict(auto or {}), prefix="task.auto")
         floor, ceiling = self.auto.floor, self.auto.ceiling
-        if window == AUTO and (ceiling < floor or ceiling & (ceiling // floor - 1) or ceiling % floor):
+        ratio = ceiling // floor
+        if window == AUTO and (ceiling % floor or ratio & (ratio - 1)):
             raise schema.SchemaError(
                 f"task.auto.ceiling: must be task.auto.floor ({floor}) times a power of 2 "
                 f"({floor}, {2 * floor}, {4 * floor}, ...), got {ceiling}"
@@ -426,9 +431,7 @@ class SHAC(Task):
         everything after it: the backward pass zeroes the state's adjoint there for the worlds cut
         (:func:`~harness.tasks.shac_kernels.zero_cut_adjoint`), once the later steps have added to it
         and before the value's own gradient does, so each window's gradient stays inside it."""
-        from warp._src import context  # the tape recording this rollout (Warp keeps it there only)
-
-        tape = context.runtime.tape
+        tape = recording_tape()
         if tape is None:
             return
         cut = self.buffers(env).cut

@@ -341,6 +341,7 @@ class TrainStep:
         if self.adjoint is not None and self.adjoint.scales:
             sources.append((tags.ADJOINT_CLIPPED, self.adjoint.rescaled, 0))
         sources += task.columns(primary.params, loss)
+        sources += env.columns()
         for tag, array, _ in sources:
             if array.dtype not in (wp.float32, wp.int32) or array.device != self.device:
                 raise TypeError(f"logged device scalar '{tag}' must be float32 or int32 on {self.device}")
