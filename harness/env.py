@@ -357,7 +357,7 @@ class Env(abc.ABC):
 
     def columns(self) -> list[tuple[str, wp.array, int]]:
         """Per-iteration device scalars of the training rollout for the history, as ``(tag, device
-        array, index)`` (the robot env's ``robot/nonfinite_worlds`` under ``env.nan_guard``); none by default."""
+        array, index)`` (the robot env's ``robot/nonfinite_steps`` under ``env.nan_guard``); none by default."""
         return []
 
     def blowup(self) -> str | None:

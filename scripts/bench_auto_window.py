@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--ceiling", type=int, default=32)
     parser.add_argument("--floor", type=int, default=8)
     parser.add_argument("--cut", type=int, default=16)
-    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--every", type=int, default=150)
     parser.add_argument("--iterations", type=int, default=5)
     args = parser.parse_args()
     common = ["+env=ant", "task=shac", f"env.world_count={args.worlds}", "device=cpu"]

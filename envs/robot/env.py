@@ -77,7 +77,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         self.contacts = [[self.pipeline.contacts() for _ in self.collide_at] for _ in range(kept)]
         # per step kept: which bodies touch the ground after the step (contact_mask; gradcheck's phases)
         self._touching = wp.zeros((kept, self.model.body_count), dtype=wp.int32, device=self.device)
-        # worlds whose root went nan or inf in the rollout so far (robot/nonfinite_worlds under nan_guard)
+        # world-steps after which a root was nan or inf in the rollout so far (robot/nonfinite_steps, nan_guard)
         self.nonfinite = wp.zeros(1, dtype=wp.int32, device=self.device)
         self._write_host_starts(host_rng(cfg.seed))
         # one quiet world of its own (settle.py says why not this env's worlds)
@@ -234,8 +234,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
     def step(self, t: int) -> None:
         slot, cfg = self.store(t), self.config
         source, last = self.current(t), self.state(t + 1)
-        if cfg.nan_guard:
-            self._guard_adjoint(source, self._action_out[4][slot])
+        if cfg.nan_guard:  # the action act(t) wrote: the step's, and the previous action of state t + 1
+            self._guard_adjoint(source, [self._action_out[4][slot], last.prev_action])
         contacts = None
         for k in range(cfg.substeps):
             target = self.substeps.target(slot, k, last)
@@ -264,17 +264,18 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             record_tape=False,
         )  # fmt: skip
 
-    def _guard_adjoint(self, source: newton.State, actions: wp.array) -> None:
-        """``env.nan_guard``: on the tape before the step's launches, so the backward pass runs it once
-        the step's adjoint is through: nan and inf in the adjoint of the state the step starts from
-        and of the action it applies become 0 (DiffRL's ``nan_state_fix``: hooks on ``joint_q``,
-        ``joint_qd`` and the actions). A world whose simulation blew up keeps its nan to itself:
-        what reaches the earlier steps and the policy is finite, and the other worlds' gradient is
-        untouched (nothing to replace where the numbers are finite)."""
+    def _guard_adjoint(self, source: newton.State, actions: list[wp.array]) -> None:
+        """``env.nan_guard``: on the tape before the step's launches (after ``act(t)``'s), so the
+        backward pass runs it once the step's adjoint and every later one are through: nan and inf
+        in the adjoint of the state the step starts from and of what ``act(t)`` wrote become 0
+        before they flow into the earlier steps and the actions (DiffRL's ``nan_state_fix``: hooks
+        on ``joint_q``, ``joint_qd`` and the actions). With the observation and the reward of a
+        non-finite world 0 (no gradient reads its state there), the nan stays in its own steps; the
+        other worlds' gradient is untouched (nothing to replace where the numbers are finite)."""
         tape = recording_tape()
         if tape is None:
             return
-        arrays = [getattr(source, name, None) for name in GUARDED_FIELDS] + [actions]
+        arrays = [getattr(source, name, None) for name in GUARDED_FIELDS] + actions
         grads = [_scalar_view(array.grad) for array in arrays if array is not None and array.grad is not None]
 
         def backward() -> None:
@@ -339,7 +340,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             kernels.observe, dim=(self.world_count, self._obs_codes.shape[0]),
             inputs=[state.joint_q, state.joint_qd, state.body_q, state.body_qd, state.prev_action, self._obs_codes,
                     self._obs_index, self._obs_scale, layout.root_body, layout.body_count, layout.coord_count,
-                    layout.dof_count, len(layout.actuated_dofs), self._up, self._forward],
+                    layout.dof_count, len(layout.actuated_dofs), self._up, self._forward, int(self.config.nan_guard)],
             outputs=[out], device=self.device,
         )  # fmt: skip
 
@@ -384,9 +385,10 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         return found
 
     def columns(self) -> list[tuple[str, wp.array, int]]:
-        """``robot/nonfinite_worlds`` under ``env.nan_guard``: the worlds whose simulation went nan or
-        inf in the iteration's rollout (each ends its episode there and is rewarded 0 for the step)."""
-        return [("robot/nonfinite_worlds", self.nonfinite, 0)] if self.config.nan_guard else []
+        """``robot/nonfinite_steps`` under ``env.nan_guard``: the world-steps after which a root was nan
+        or inf in the iteration's rollout (with SHAC's restarts each blow-up once: the world ends its
+        episode there and starts afresh)."""
+        return [("robot/nonfinite_steps", self.nonfinite, 0)] if self.config.nan_guard else []
 
     def component_names(self) -> dict[str, list[str]]:
         return {
@@ -418,8 +420,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
 
 
 GUARDED_FIELDS = ("joint_q", "joint_qd", "body_q", "body_qd", "prev_action", "alive")
-"""The State arrays whose adjoint ``env.nan_guard`` cleans where a step begins (every one the step
-reads with a gradient)."""
+"""The State arrays whose adjoint ``env.nan_guard`` cleans where a step begins (the state's fields
+and the poses and twists computed from them)."""
 
 
 def _scalar_view(grad: wp.array) -> wp.array:

@@ -225,12 +225,17 @@ def observe(
     action_count: int,
     up: wp.vec3,
     forward: wp.vec3,
+    guard: int,
     out: wp.array2d(dtype=wp.float32),
 ):
-    # One column of one world's observation: the piece `codes[c]`, its entry `index[c]`.
+    # One column of one world's observation: the piece `codes[c]`, its entry `index[c]`; 0 for a
+    # world whose root is not finite under env.nan_guard (nothing of its state read, so no gradient)
     w, c = wp.tid()
     code, i = codes[c], index[c]
     X = body_q[w * body_count + root]
+    if guard != 0 and not wp.isfinite(wp.transform_get_translation(X)):
+        out[w, c] = 0.0
+        return
     v = body_qd[w * body_count + root]
     value = wp.float32(0.0)
     if code == Piece.ROOT_HEIGHT:
@@ -310,6 +315,7 @@ def record(
     X = body_q[w * body_count + root]
     p = wp.transform_get_translation(X)
     q = wp.transform_get_rotation(X)
+    broken = guard != 0 and not wp.isfinite(p)  # env.nan_guard: its every term 0 (some would read finite)
     for k in range(terms.shape[0]):
         code = terms[k]
         value = wp.float32(0.0)
@@ -337,7 +343,7 @@ def record(
             value = -pitch * pitch
         else:  # Term.ALIVE
             value = 1.0
-        if guard != 0 and not wp.isfinite(value):
+        if broken or (guard != 0 and not wp.isfinite(value)):
             value = 0.0  # env.nan_guard: a world whose state went non-finite is rewarded 0 for the step
         reward[row, w, k] = weights[k] * value * alive[w]
     for d in range(3):

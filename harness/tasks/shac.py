@@ -82,7 +82,7 @@ class AutoArgs:
 
     floor: int = schema.field(8, minimum=1, doc="the shortest gradient window")
     ceiling: int = schema.field(32, minimum=1, doc="the longest, and the steps of every rollout (floor x 2^k)")
-    every: int = schema.field(100, minimum=1, doc="iterations between two measurements of the gradient's trust")
+    every: int = schema.field(150, minimum=1, doc="iterations between two measurements of the gradient's trust")
 
 
 AUTO = "auto"
