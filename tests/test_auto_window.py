@@ -5,22 +5,23 @@ iterations equal to eager, a SIGKILLed run resuming bit for bit, refusals."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-
 import numpy as np
 import pytest
 import warp as wp
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from harness import checkpoint, config
+from harness import config
 from harness.auto_window import AutoWindow, next_window, windows
 from harness.config import DiagnoseSettings
 from harness.tasks import TrainQuantities
 from harness.tasks import shac_kernels as k
 from harness.training import Callback
-from tests.test_checkpoint import final_checkpoint, newest_iteration, start, train, wait_for
+from tests.test_checkpoint import (
+    assert_killed_run_resumes_bit_for_bit,
+    final_checkpoint,
+    train,
+)
 from tests.test_diagnose import WORLDS, linear_loss, make_linear
 from tests.test_errors import assert_clean_rejection
 from tests.test_robot import check_resume
@@ -244,22 +245,8 @@ def test_a_run_resumed_at_a_measuring_iteration_takes_that_measurement(tmp_path)
 def test_a_run_killed_with_sigkill_resumes_bit_for_bit_with_its_window(tmp_path):
     """Checkpoints at measuring iterations: the resumed run takes the measurement it missed."""
     args = [*SMALL, *AUTO, "task.auto.every=3", "diagnose.snr_min=3", "iterations=120", "checkpoint.every=3"]
-    straight = train([*args, f"hydra.run.dir={tmp_path / 'straight'}"], tmp_path)
-    assert straight.returncode == 0, straight.stderr
+    straight = assert_killed_run_resumes_bit_for_bit(args, tmp_path, iterations=120, kill_after=6)
     assert "window 8 -> 4" in straight.stdout
-    killed = tmp_path / "killed"
-    proc = start([*args, f"hydra.run.dir={killed}"], tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    folder = checkpoint.checkpoint_dir(killed)
-    wait_for(lambda: any(checkpoint.list_checkpoints(folder)) and newest_iteration(folder) >= 6, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert checkpoint.load(checkpoint.list_checkpoints(folder)[-1]).iteration < 120
-    resumed = train([*args, "resume=auto", f"hydra.run.dir={killed}"], tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
-    a, b = final_checkpoint(tmp_path / "straight"), final_checkpoint(killed)
-    assert a.iteration == b.iteration == 120
-    for key, value in a.arrays.items():
-        np.testing.assert_array_equal(value, b.arrays[key], err_msg=key)
 
 
 @pytest.mark.parametrize(

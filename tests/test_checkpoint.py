@@ -55,6 +55,30 @@ def final_checkpoint(run_dir: Path) -> checkpoint.Checkpoint:
     return checkpoint.load(checkpoint.list_checkpoints(checkpoint.checkpoint_dir(run_dir))[-1])
 
 
+def assert_killed_run_resumes_bit_for_bit(
+    args: list[str], tmp_path: Path, *, iterations: int, kill_after: int, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    """Train ``args`` (which set ``iterations``) straight through; train them again, SIGKILL the
+    process once a checkpoint at or after ``kill_after`` exists, resume it with ``resume=auto``; the
+    two runs' final checkpoints agree bit for bit. Returns the straight run's process."""
+    straight = train([*args, f"hydra.run.dir={tmp_path / 'straight'}"], tmp_path)
+    assert straight.returncode == 0, straight.stderr
+    killed = tmp_path / "killed"
+    proc = start([*args, f"hydra.run.dir={killed}"], tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folder = checkpoint.checkpoint_dir(killed)
+    wait_for(lambda: any(checkpoint.list_checkpoints(folder)) and newest_iteration(folder) >= kill_after, proc, timeout)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert checkpoint.load(checkpoint.list_checkpoints(folder)[-1]).iteration < iterations
+    resumed = train([*args, "resume=auto", f"hydra.run.dir={killed}"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = final_checkpoint(tmp_path / "straight"), final_checkpoint(killed)
+    assert a.iteration == b.iteration == iterations
+    for key, value in a.arrays.items():
+        np.testing.assert_array_equal(value, b.arrays[key], err_msg=key)
+    return straight
+
+
 def test_run_killed_with_sigkill_and_resumed_matches_an_uninterrupted_run_bit_for_bit(tmp_path):
     """The killed and resumed run captures its iterations (capture=auto); the uninterrupted
     one runs them eagerly: the two agree bit for bit, so capture and resume both are exact."""

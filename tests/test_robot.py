@@ -8,7 +8,6 @@ the settle check; the locomotion figures."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 
@@ -19,7 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from envs.robot import RobotConfig, RobotEnv, episode_figures
-from harness import build, checkpoint, config
+from harness import build, config
 from harness.gradcheck import check_gradients, contact_phase
 from harness.losses import WeightedLoss
 from harness.memory import segmented_forward_backward
@@ -27,7 +26,10 @@ from harness.tasks import OpenLoop, prepare
 from harness.tasks import shac_kernels as k
 from harness.training.step import check_capture, taped_rollout, zero_grads
 from tests.helpers import ROOT, run_harness
-from tests.test_checkpoint import final_checkpoint, newest_iteration, start, train, wait_for
+from tests.test_checkpoint import (
+    assert_killed_run_resumes_bit_for_bit,
+    train,
+)
 from tests.test_errors import assert_clean_rejection
 
 REWARD = {"reward": {"source": "reward", "kind": "reward"}}
@@ -399,21 +401,7 @@ def test_a_sigkilled_ant_run_resumes_bit_for_bit(tmp_path):
             "task.critic_epochs=2", "task.actor.hidden=[16,16]", "task.critic.hidden=[16,16]", "iterations=150",
             "checkpoint.every=10", "log_every=1", "plot_every=null", "env.horizon=20", *QUICK]  # fmt: skip
     # 20-step episodes: every world falls or times out and restarts several times before and after the kill
-    straight = train([*args, f"hydra.run.dir={tmp_path / 'straight'}"], tmp_path)
-    assert straight.returncode == 0, straight.stderr
-    killed = tmp_path / "killed"
-    proc = start([*args, f"hydra.run.dir={killed}"], tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    folder = checkpoint.checkpoint_dir(killed)
-    wait_for(lambda: any(checkpoint.list_checkpoints(folder)) and newest_iteration(folder) >= 30, proc, timeout=600)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert checkpoint.load(checkpoint.list_checkpoints(folder)[-1]).iteration < 150
-    resumed = train([*args, "resume=auto", f"hydra.run.dir={killed}"], tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
-    a, b = final_checkpoint(tmp_path / "straight"), final_checkpoint(killed)
-    assert a.iteration == b.iteration == 150
-    for key, value in a.arrays.items():
-        np.testing.assert_array_equal(value, b.arrays[key], err_msg=key)
+    assert_killed_run_resumes_bit_for_bit(args, tmp_path, iterations=150, kill_after=30, timeout=600)
 
 
 def test_a_run_that_blows_up_stops_diverged_naming_the_step_and_the_body(tmp_path):

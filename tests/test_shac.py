@@ -6,8 +6,6 @@ eager = captured; a SIGKILL and resume, bit for bit; refusals."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 
 import numpy as np
 import pytest
@@ -15,12 +13,16 @@ import warp as wp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from envs.cartpole import CartpoleEnv
-from harness import build, checkpoint, config
+from harness import build, config
 from harness.tasks import rollout
 from harness.tasks import shac_kernels as k
 from harness.training import Callback
 from tests.helpers import run_harness
-from tests.test_checkpoint import final_checkpoint, newest_iteration, start, train, wait_for
+from tests.test_checkpoint import (
+    assert_killed_run_resumes_bit_for_bit,
+    final_checkpoint,
+    train,
+)
 from tests.test_errors import assert_clean_rejection
 
 SMALL = [
@@ -202,21 +204,7 @@ def test_both_groups_and_the_critic_are_logged_and_checkpointed(tmp_path):
 @pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_shac_run_killed_with_sigkill_resumes_bit_for_bit(tmp_path):
     args = [*SMALL, "iterations=200", "checkpoint.every=3", "log_every=1"]
-    straight = train([*args, f"hydra.run.dir={tmp_path / 'straight'}"], tmp_path)
-    assert straight.returncode == 0, straight.stderr
-    killed = tmp_path / "killed"
-    proc = start([*args, f"hydra.run.dir={killed}"], tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    folder = checkpoint.checkpoint_dir(killed)
-    wait_for(lambda: any(checkpoint.list_checkpoints(folder)) and newest_iteration(folder) >= 6, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert checkpoint.load(checkpoint.list_checkpoints(folder)[-1]).iteration < 200
-    resumed = train([*args, "resume=auto", f"hydra.run.dir={killed}"], tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
-    a, b = final_checkpoint(tmp_path / "straight"), final_checkpoint(killed)
-    assert a.iteration == b.iteration == 200
-    for key, value in a.arrays.items():
-        np.testing.assert_array_equal(value, b.arrays[key], err_msg=key)
+    assert_killed_run_resumes_bit_for_bit(args, tmp_path, iterations=200, kill_after=6)
 
 
 @pytest.mark.parametrize(
