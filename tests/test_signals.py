@@ -129,7 +129,10 @@ def test_ctrl_c_while_starting_or_composing_the_config_is_one_line(delay, tmp_pa
     if code == 0:  # it had finished already on a fast machine: nothing to check
         return
     assert code == 130, err
-    assert "interrupted" in one_line(err)
+    # before the config is composed: "interrupted by SIGINT before anything was written"; once the
+    # run compiles its kernels (a slow or loaded machine gets there by 2 s): "stopped at once while
+    # Warp compiled kernels (SIGINT) ..."
+    assert "SIGINT" in one_line(err)
 
 
 def test_sigterm_while_the_env_is_built_is_one_line_and_exit_143(tmp_path):
