@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.diagnose import HorizonResult, Probe, _built, _capturable, _draw_key, measure
+from harness.diagnose import HorizonResult, Probe, measure_trained, training_probe
 from harness.training.loop import Callback
 
 __all__ = ["AutoWindow", "next_window", "windows"]
@@ -105,48 +105,29 @@ class AutoWindow(Callback):
         self.worlds, self.training_worlds, self.window = worlds, training_worlds, window
         self.evaluation_state = evaluation_state
         self._probes: dict[int, Probe] = {}
-        self.measured: list[tuple[int, HorizonResult]] = []  # (iteration, result) of every measurement
-        self.seconds = 0.0  # host time of every measurement so far [s]
 
     def probe(self, steps: int) -> Probe:
         """The measurement of ``steps``-step rollouts (built on first use, then kept), with
-        ``worlds`` starts, or training's worlds where the task refuses that many (SHAC's critic
-        minibatches must divide steps x worlds), as ``diagnose.every``'s.
+        ``worlds`` starts, or training's worlds where the task refuses that many, as
+        ``diagnose.every``'s (:func:`harness.diagnose.training_probe`).
 
         Raises:
             ValueError: One line: the task refuses the measurement's env with either world count.
         """
         found = self._probes.get(steps)
-        if found is not None:
-            return found
-        tried: dict[int, str] = {}
-        for worlds in dict.fromkeys([self.worlds, self.training_worlds]):
-            make_env, task, loss = self.make(worlds)
-            env = _built(make_env, steps, task, loss, self.settings, True)
-            try:
-                with _draw_key(task, env, self.settings.seed) as key:
-                    found = Probe(env, task, loss, key=key, capture=_capturable(env, task, loss))
-            except ValueError as exc:
-                tried[worlds] = str(exc).splitlines()[0]
-                continue
-            self.worlds = worlds  # every window's measurement with the same starts
-            self._probes[steps] = found
-            return found
-        raise ValueError(next(iter(tried.values())))
+        if found is None:
+            found, self.worlds = training_probe(self.make, steps, [self.worlds, self.training_worlds], self.settings)
+            self._probes[steps] = found  # (every later window measured with the same starts)
+        return found
 
     def measure(self, steps: int, values: np.ndarray, trained: dict[str, Any], done: int) -> HorizonResult:
         """One window's measures at the flat parameter values ``values``, the training task's
         evaluation state ``trained`` copied in first."""
-        import warp as wp
-
-        probe = self.probe(steps)
-        own = probe.task.state(probe.env)
-        for key in self.evaluation_state:
-            wp.copy(own[key], trained[key])
-        probe.set_values(values)
         rng = np.random.default_rng([self.settings.seed, done, steps])
-        result, _ = measure(probe, self.settings, rng, training_worlds=self.training_worlds)
-        return result
+        return measure_trained(
+            self.probe(steps), values, trained, self.evaluation_state, self.settings, rng,
+            training_worlds=self.training_worlds,
+        )  # fmt: skip
 
     def decide(self, values: np.ndarray, trained: dict[str, Any], done: int) -> tuple[int, list[HorizonResult]]:
         """The next window from the current one, and the measurements that decided it."""
@@ -178,8 +159,6 @@ class AutoWindow(Callback):
         self.window.fill_(following)
         scalars: dict[str, float] = {}
         for result in results:
-            self.measured.append((done, result))
-            self.seconds += result.seconds
             lead = f"auto_window/{result.steps}"
             scalars.update(
                 {

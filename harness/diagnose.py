@@ -97,8 +97,10 @@ __all__ = [
     "draw_diagnosis",
     "geometric_horizons",
     "growth_rate",
+    "measure_trained",
     "table_header",
     "table_row",
+    "training_probe",
 ]
 
 TRUST_SHARED = "snr_batch >= snr_min and zo_cosine >= zo_cosine_min"
@@ -907,6 +909,53 @@ def _log_axes(ax: Any, *series: np.ndarray) -> None:
         ax.set_yscale("log")
 
 
+def training_probe(
+    make: Callable[[int], tuple[Callable[[int, bool], Env], Task, WeightedLoss]],
+    steps: int,
+    worlds: list[int],
+    settings: Any,
+) -> tuple[Probe, int]:
+    """The measurement a training run takes of itself (``diagnose.every``, ``task.window=auto``):
+    a :class:`Probe` of ``steps``-step rollouts on an env, task and loss ``make(count)`` builds,
+    with the first of ``worlds`` the task accepts (SHAC's critic minibatches must divide steps x
+    worlds); returns it and that count.
+
+    Raises:
+        ValueError: The task refuses every count: its first refusal's first line.
+    """
+    tried: dict[int, str] = {}
+    for count in dict.fromkeys(worlds):
+        make_env, task, loss = make(count)
+        env = _built(make_env, steps, task, loss, settings, True)
+        try:
+            with _draw_key(task, env, settings.seed) as key:
+                return Probe(env, task, loss, key=key, capture=_capturable(env, task, loss)), count
+        except ValueError as exc:
+            tried[count] = str(exc).splitlines()[0]
+    raise ValueError(next(iter(tried.values())))
+
+
+def measure_trained(
+    probe: Probe,
+    values: np.ndarray,
+    trained: dict[str, wp.array],
+    keys: tuple[str, ...],
+    settings: Any,
+    rng: np.random.Generator,
+    *,
+    training_worlds: int,
+) -> HorizonResult:
+    """:func:`measure` at the flat parameter values ``values`` training has reached, the probe's
+    task given the training task's state ``trained`` under ``keys`` first (its evaluation state:
+    SHAC's observation statistics), so it measures the actor training has."""
+    own = probe.task.state(probe.env)
+    for key in keys:
+        wp.copy(own[key], trained[key])
+    probe.set_values(values)
+    result, _ = measure(probe, settings, rng, training_worlds=training_worlds)
+    return result
+
+
 class DiagnoseLog(Callback):
     """``diagnose.every=N``: every N iterations of a training run, the measures of one horizon
     (the training rollout's) at the parameters training has reached, as TensorBoard scalars
@@ -947,33 +996,24 @@ class DiagnoseLog(Callback):
         Raises:
             ValueError: One line: the task refuses the probe's env (with either world count).
         """
-        tried = dict.fromkeys([self.worlds, self.training_worlds])
-        for worlds in tried:
-            make_env, task, loss = self.make(worlds)
-            env = _built(make_env, self.horizon, task, loss, self.settings, True)
-            try:
-                with _draw_key(task, env, self.settings.seed) as key:
-                    self._probe = Probe(env, task, loss, key=key, capture=_capturable(env, task, loss))
-                return
-            except ValueError as exc:
-                tried[worlds] = str(exc).splitlines()[0]
-        raise ValueError(f"diagnose.every: the measurement's env is refused: {next(iter(tried.values()))}")
+        try:
+            self._probe, _ = training_probe(self.make, self.horizon, [self.worlds, self.training_worlds], self.settings)
+        except ValueError as exc:
+            raise ValueError(f"diagnose.every: the measurement's env is refused: {exc}") from None
 
     def on_iteration(self, loop: Any, iteration: int) -> None:
         done = iteration + 1
         if self.every <= 0 or done % self.every:
             return
-        values = loop.step.params.data.numpy()
         if self._probe is None:
             self.prepare()
         probe = self._probe
-        trained = loop.step.task.state(loop.step.env)
-        own = probe.task.state(probe.env)
-        for key in loop.step.task.evaluation_state:
-            wp.copy(own[key], trained[key])
-        probe.set_values(values)
         rng = np.random.default_rng([self.settings.seed, done])
-        result, _ = measure(probe, self.settings, rng, training_worlds=self.training_worlds)
+        step = loop.step
+        result = measure_trained(
+            probe, step.params.data.numpy(), step.task.state(step.env), step.task.evaluation_state, self.settings, rng,
+            training_worlds=self.training_worlds,
+        )  # fmt: skip
         scalars = {
             tags.DIAGNOSE_SNR: result.snr,
             **({tags.DIAGNOSE_SNR_BATCH: result.snr_batch} if probe.layout.uses_snr else {}),

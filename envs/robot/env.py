@@ -14,7 +14,7 @@ from envs.robot import kernels, model
 from envs.robot.config import Piece, RobotConfig, Term
 from envs.robot.report import blown_up, drive_figures, episode_figures
 from envs.robot.settle import check_settles
-from harness.adjoint import recording_tape
+from harness.adjoint import flat_grad_view, recording_tape
 from harness.env import DrawsStarts, PolicyEnv, Restarts, Segmentable, Terminates, Trajectory, host_rng
 from harness.newton_env import NewtonEnv
 
@@ -276,7 +276,11 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         if tape is None:
             return
         arrays = [getattr(source, name, None) for name in GUARDED_FIELDS] + actions
-        grads = [_scalar_view(array.grad) for array in arrays if array is not None and array.grad is not None]
+        grads = [
+            flat_grad_view(array.reshape((self.world_count, -1)), self.world_count).flatten()
+            for array in arrays
+            if array is not None and array.grad is not None
+        ]
 
         def backward() -> None:
             for grad in grads:
@@ -422,12 +426,3 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
 GUARDED_FIELDS = ("joint_q", "joint_qd", "body_q", "body_qd", "prev_action", "alive")
 """The State arrays whose adjoint ``env.nan_guard`` cleans where a step begins (the state's fields
 and the poses and twists computed from them)."""
-
-
-def _scalar_view(grad: wp.array) -> wp.array:
-    """A float32 array's gradient as a flat float32 view (transforms and spatial vectors included)."""
-    scalar = getattr(grad.dtype, "_wp_scalar_type_", grad.dtype)
-    if scalar is not wp.float32 or not grad.is_contiguous:
-        raise TypeError(f"env.nan_guard: contiguous float32-based gradients only, got {grad.dtype.__name__}")
-    count = grad.size * (wp.types.type_size(grad.dtype) if scalar is not grad.dtype else 1)
-    return wp.array(ptr=grad.ptr, dtype=wp.float32, shape=(count,), device=grad.device, copy=False)

@@ -413,8 +413,8 @@ class SHAC(Task):
             return
         b = self.buffers(env)
         env.observe_ended(t, b.next_obs[t - 1])
-        if self.adaptive and self.training_key is not None:
-            self._record_cut(env, t)
+        if self.adaptive and self.training_key is not None and t % self.auto.floor == 0:
+            self._record_cut(env, t)  # (n is the floor times a power of 2: no cut falls anywhere else)
         if self.training_key is not None and isinstance(env, Terminates):
             env.terminated(t, b.ended)
             # marks and weights without a gradient: not on the tape (no adjoint launch)
@@ -434,14 +434,14 @@ class SHAC(Task):
         tape = recording_tape()
         if tape is None:
             return
-        cut = self.buffers(env).cut
-        views = [flat_grad_view(array, env.world_count) for array in env.state_arrays(t)]
+        cut, arrays = self.buffers(env).cut, env.state_arrays(t)
+        views = [flat_grad_view(array, env.world_count) for array in arrays]
 
         def backward() -> None:
             for view in views:
                 wp.launch(k.zero_cut_adjoint, dim=view.shape, inputs=[cut, t - 1], outputs=[view], device=env.device)
 
-        tape.record_func(backward, env.state_arrays(t))
+        tape.record_func(backward, arrays)
 
     def act(self, env: Env, params: ParamSet, t: int) -> None:
         b = self.buffers(env)
