@@ -98,6 +98,7 @@ from harness.schema import field
 __all__ = [
     "ROLES",
     "CarriesState",
+    "ContactLoad",
     "DrawsStarts",
     "Env",
     "EnvConfig",
@@ -454,6 +455,19 @@ class Restarts(abc.ABC):
         a critic values), as :meth:`PolicyEnv.observe` writes it."""
 
 
+class ContactLoad(abc.ABC):
+    """Role: how hard each world presses on what it touches after a step (``task=ahac`` cuts a
+    world's gradient window where this passes its threshold)."""
+
+    summary: ClassVar[str] = "contact_load(t, out): each world's contact force after step t, in its weights"
+
+    @abc.abstractmethod
+    def contact_load(self, t: int, out: wp.array) -> None:
+        """Write into ``out`` (float32 ``(world_count,)``) the normal force of world ``w``'s contacts
+        at the state after step ``t`` (before any restart), divided by the world's weight: a launch
+        without a gradient, captured with the rollout, not on the tape."""
+
+
 class Terminates(abc.ABC):
     """Role: a world's episode can end early, decided by its state (a legged robot that fell).
     ``task=shac`` restarts such a world and values its last state at 0 (no bootstrap); an env
@@ -616,7 +630,10 @@ class Plant(abc.ABC):
         """The real system's body transforms now, ``(bodies,)`` of ``wp.transform`` (a flight is drawn from them)."""
 
 
-ROLES = (PolicyEnv, DrawsStarts, CarriesState, Restarts, Terminates, Segmentable, Identifiable, Renderable, Plant)
+ROLES = (
+    PolicyEnv, DrawsStarts, CarriesState, Restarts, ContactLoad, Terminates, Segmentable, Identifiable, Renderable,
+    Plant,
+)  # fmt: skip
 """Every role an env may play, besides the core."""
 
 

@@ -633,9 +633,27 @@ class Regression:
         the last pass (float32 ``(minibatches,)``)."""
         self._tapes = []
         for _ in range(epochs):
-            for m in range(self.minibatches):
-                self.step(m, losses[m : m + 1])
-                update()
+            self._epoch(losses, update)
+
+    def fit_while(
+        self, go: wp.array, losses: wp.array, update: Callable[[], None], after_epoch: Callable[[], None]
+    ) -> None:
+        """Passes as :meth:`fit` makes them while ``go[0]`` (int32, on the device) is nonzero, each
+        followed by ``after_epoch()``, which decides ``go`` from the pass's ``losses``: a device
+        loop (``wp.capture_while``), so a captured graph runs as many passes as the rule asks at
+        every replay. ``go`` must be nonzero to run the first pass."""
+        self._tapes = []
+
+        def epoch() -> None:
+            self._epoch(losses, update)
+            after_epoch()
+
+        wp.capture_while(go, epoch)
+
+    def _epoch(self, losses: wp.array, update: Callable[[], None]) -> None:
+        for m in range(self.minibatches):
+            self.step(m, losses[m : m + 1])
+            update()
 
 
 @wp.kernel

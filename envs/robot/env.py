@@ -15,7 +15,16 @@ from envs.robot.config import Piece, RobotConfig, Term
 from envs.robot.report import blown_up, drive_figures, episode_figures
 from envs.robot.settle import check_settles
 from harness.adjoint import flat_grad_view, recording_tape
-from harness.env import DrawsStarts, PolicyEnv, Restarts, Segmentable, Terminates, Trajectory, host_rng
+from harness.env import (
+    ContactLoad,
+    DrawsStarts,
+    PolicyEnv,
+    Restarts,
+    Segmentable,
+    Terminates,
+    Trajectory,
+    host_rng,
+)  # fmt: skip
 from harness.newton_env import NewtonEnv
 
 if TYPE_CHECKING:
@@ -28,7 +37,7 @@ DRAW_SEED_OFFSET = 104729
 draw of the env's own starts)."""
 
 
-class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmentable):
+class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Terminates, Segmentable):
     """Any robot file on a ground plane; see :class:`~envs.robot.config.RobotConfig` and the package docstring."""
 
     name = "robot"
@@ -79,6 +88,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
         self._touching = wp.zeros((kept, self.model.body_count), dtype=wp.int32, device=self.device)
         # world-steps after which a root was nan or inf in the rollout so far (robot/nonfinite_steps, nan_guard)
         self.nonfinite = wp.zeros(1, dtype=wp.int32, device=self.device)
+        self._per_weight: float | None = None  # 1 / a world's weight (contact_load), on first use
         self._write_host_starts(host_rng(cfg.seed))
         # one quiet world of its own (settle.py says why not this env's worlds)
         check_settles(cfg, lambda quiet: RobotEnv(quiet, device=self.device))
@@ -262,6 +272,24 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, Terminates, Segmenta
             kernels.mark_contacts, dim=contacts.rigid_contact_max,
             inputs=[last.body_q, kernels.contact_set(self.model, contacts)], outputs=[touching], device=self.device,
             record_tape=False,
+        )  # fmt: skip
+
+    def contact_load(self, t: int, out: wp.array) -> None:
+        """Each world's contact load after step ``t`` (:class:`~harness.env.ContactLoad`): the spring
+        part of every contact's normal force (stiffness x depth, at the step's result, with the step's
+        last collision's points, as :meth:`touching` reads them) summed over the world, in the world's
+        weight (its mass x |gravity|): 1 for a robot at rest on the ground, more at an impact."""
+        if self._per_weight is None:
+            masses = self.model.body_mass.numpy()[: self.layout.body_count].astype(np.float64)
+            gravity = float(np.linalg.norm(self.model.gravity.numpy().reshape(-1, 3)[0]))
+            self._per_weight = 1.0 / max(masses.sum() * gravity, 1e-12)
+        contacts = self.contacts[self.store(t)][-1]
+        out.zero_()
+        wp.launch(
+            kernels.contact_load, dim=contacts.rigid_contact_max,
+            inputs=[self.state(t + 1).body_q, kernels.contact_set(self.model, contacts), self.model.shape_material_ke,
+                    self.model.body_world, self._per_weight],
+            outputs=[out], device=self.device, record_tape=False,
         )  # fmt: skip
 
     def _guard_adjoint(self, source: newton.State, actions: list[wp.array]) -> None:

@@ -4,11 +4,11 @@ Every launch of a control step is here: the action into the step's torques or dr
 (:func:`apply_actions`), ``control: position``'s torque-limited drive on every substep
 (:func:`drive`), the observation (:func:`observe`), the step's observables
 (:func:`record`), the termination flags (:func:`flag_ends`, :func:`survive`), the contacts'
-marks and Hunt-Crossley damping (:func:`mark_contacts`, :func:`hunt_crossley`) and the device
-draw of fresh starts (:func:`draw_starts`). An observation's columns and a reward's terms carry
-the codes of :class:`~envs.robot.config.Piece` and :class:`~envs.robot.config.Term`, and the
-kernels branch on those names. What ends an episode is written once, :func:`ends`, and every
-kernel that asks calls it.
+marks, load and Hunt-Crossley damping (:func:`mark_contacts`, :func:`contact_load`,
+:func:`hunt_crossley`) and the device draw of fresh starts (:func:`draw_starts`). An
+observation's columns and a reward's terms carry the codes of :class:`~envs.robot.config.Piece`
+and :class:`~envs.robot.config.Term`, and the kernels branch on those names. What ends an
+episode is written once, :func:`ends`, and every kernel that asks calls it.
 """
 
 from __future__ import annotations
@@ -408,6 +408,42 @@ def mark_contacts(body_q: wp.array(dtype=wp.transform), c: ContactSet, touching:
             touching[c.shape_body[c.shape0[i]]] = 1
         if c.shape1[i] >= 0 and c.shape_body[c.shape1[i]] >= 0:
             touching[c.shape_body[c.shape1[i]]] = 1
+
+
+@wp.kernel
+def contact_load(
+    body_q: wp.array(dtype=wp.transform),
+    c: ContactSet,
+    shape_ke: wp.array(dtype=wp.float32),
+    body_world: wp.array(dtype=wp.int32),
+    per_weight: float,
+    load: wp.array(dtype=wp.float32),
+):
+    # The spring part of contact i's normal force at body_q, ke x depth (ke the mean of its shapes'
+    # stiffnesses, as newton's contact kernel takes it), times per_weight (1 / a world's weight),
+    # added to the world of the body it pushes (the task=ahac contact signal; no gradient).
+    i = wp.tid()
+    if i >= c.count[0]:
+        return
+    depth = penetration(body_q, c, i)
+    if depth <= 0.0:
+        return
+    ke = wp.float32(0.0)
+    shapes = wp.float32(0.0)
+    body = wp.int32(-1)
+    if c.shape0[i] >= 0:
+        ke += shape_ke[c.shape0[i]]
+        shapes += 1.0
+        body = wp.max(body, c.shape_body[c.shape0[i]])
+    if c.shape1[i] >= 0:
+        ke += shape_ke[c.shape1[i]]
+        shapes += 1.0
+        body = wp.max(body, c.shape_body[c.shape1[i]])
+    if body < 0:
+        return
+    world = body_world[body]
+    if world >= 0:
+        wp.atomic_add(load, world, ke / shapes * depth * per_weight)
 
 
 @wp.kernel

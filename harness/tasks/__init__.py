@@ -6,6 +6,8 @@ A task decides what the trainable parameters are and how they enter a rollout; t
 - ``open_loop`` (:class:`~harness.tasks.open_loop.OpenLoop`): one action per step and world.
 - ``policy`` (:class:`~harness.tasks.policy.Policy`): an MLP from observation to action.
 - ``shac`` (:class:`~harness.tasks.shac.SHAC`): SHAC's actor and critic (Xu et al. 2022).
+- ``ahac`` (:class:`~harness.tasks.ahac.AHAC`): SHAC with windows cut by contact, a learned
+  horizon, a twin critic and a critic fitted to a stopping rule (Georgiev et al. 2024).
 - ``mpc`` (:class:`~harness.tasks.mpc.MPC`): model-predictive control of the env's real
   system, one frame per iteration.
 - ``sysid`` (:class:`~harness.tasks.sysid.SystemId`): physical quantities fitted to a
@@ -30,13 +32,17 @@ from harness.tasks.base import SINGLE_GROUP, Task, prepare, prepare_groups, roll
 from harness.tasks.open_loop import OpenLoop
 
 if TYPE_CHECKING:
+    from harness.tasks.ahac import AHAC
     from harness.tasks.mpc import MPC
     from harness.tasks.policy import Policy
     from harness.tasks.quantities import TrainQuantities
     from harness.tasks.shac import SHAC
     from harness.tasks.sysid import SystemId
 
-_LAZY = {"MPC": "mpc", "Policy": "policy", "TrainQuantities": "quantities", "SHAC": "shac", "SystemId": "sysid"}
+_LAZY = {
+    "AHAC": "ahac", "MPC": "mpc", "Policy": "policy", "TrainQuantities": "quantities", "SHAC": "shac",
+    "SystemId": "sysid",
+}  # fmt: skip
 """Task classes imported on first use, by the module of this package that defines each."""
 
 
@@ -49,6 +55,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AHAC",
     "MPC",
     "SHAC",
     "SINGLE_GROUP",

@@ -156,6 +156,7 @@ class SHAC(Task):
 
     name = "shac"
     roles = (PolicyEnv, DrawsStarts, CarriesState, Restarts)
+    critic_outputs = 1  # the critic's heads (task=ahac: 2, valued by their minimum)
     training_only = ("window", "auto")
     window_key = "task.window"
     evaluation_state = ("obs_mean", "obs_var", "obs_count")
@@ -217,7 +218,7 @@ class SHAC(Task):
         if found is None:
             a, c = self.actor_args, self.critic_args
             actor = MLP(obs, a.hidden, act, activation=a.activation, layer_norm=a.layer_norm)
-            critic = MLP(obs, c.hidden, 1, activation=c.activation, layer_norm=c.layer_norm)
+            critic = MLP(obs, c.hidden, self.critic_outputs, activation=c.activation, layer_norm=c.layer_norm)
             found = self._mlps[(obs, act)] = (actor, critic)
         return found
 
@@ -371,11 +372,7 @@ class SHAC(Task):
                 k.window_keys, dim=steps + 1, inputs=[self.training_key, steps], outputs=[b.keys], device=env.device,
                 record_tape=False,
             )  # fmt: skip
-            if self.adaptive:
-                wp.launch(
-                    k.cut_every, dim=(steps, env.world_count), inputs=[state["window"], steps], outputs=[b.cut],
-                    device=env.device, record_tape=False,
-                )  # fmt: skip
+            self._begin_cuts(env, state, b)
             wp.launch(
                 k.episode_marks, dim=env.world_count,
                 inputs=[state["episode_step"], self._episode, steps, b.cut],
@@ -390,6 +387,25 @@ class SHAC(Task):
             )  # fmt: skip
             env.carry_final(b.carry)
         env.reset()
+
+    def _begin_cuts(self, env: Env, state: dict[str, wp.array], b: _Window) -> None:
+        """The rollout's gradient cuts known before it starts, into ``b.cut`` (``window=auto``: every
+        ``n`` steps; otherwise none, and ``b.cut`` stays 0)."""
+        if self.adaptive:
+            wp.launch(
+                k.cut_every, dim=b.cut.shape, inputs=[state["window"], env.horizon], outputs=[b.cut],
+                device=env.device, record_tape=False,
+            )  # fmt: skip
+
+    def _cuts_at(self, t: int) -> bool:
+        """Whether a gradient cut can fall after step ``t - 1`` (where :meth:`_record_cut` records its
+        adjoint's zeroing): under ``window=auto`` at multiples of the floor only (``n`` is the floor
+        times a power of 2)."""
+        return self.adaptive and t % self.auto.floor == 0
+
+    def _mark_cuts(self, env: Env, t: int) -> None:
+        """After step ``t - 1``'s terminations are marked: cuts decided during the rollout (none here;
+        ``task=ahac``: by contact)."""
 
     def _observe(self, env: Env, t: int, row: int, raw: wp.array, normalised: wp.array) -> None:
         """Row ``row`` of ``raw``: what a policy sees of state ``t`` (after its restart); of
@@ -413,8 +429,8 @@ class SHAC(Task):
             return
         b = self.buffers(env)
         env.observe_ended(t, b.next_obs[t - 1])
-        if self.adaptive and self.training_key is not None and t % self.auto.floor == 0:
-            self._record_cut(env, t)  # (n is the floor times a power of 2: no cut falls anywhere else)
+        if self.training_key is not None and self._cuts_at(t):
+            self._record_cut(env, t)
         if self.training_key is not None and isinstance(env, Terminates):
             env.terminated(t, b.ended)
             # marks and weights without a gradient: not on the tape (no adjoint launch)
@@ -424,6 +440,8 @@ class SHAC(Task):
                 outputs=[b.done, b.ends, b.terminal, b.cost_weight, b.value_weight], device=env.device,
                 record_tape=False,
             )  # fmt: skip
+        if self.training_key is not None:
+            self._mark_cuts(env, t)
         env.restart(t, b.done[t - 1] if self.training_key is not None else b.no_restart, b.keys[t : t + 1])
 
     def _record_cut(self, env: Env, t: int) -> None:
@@ -479,9 +497,8 @@ class SHAC(Task):
         b = self.buffers(env)
         loss(trajectory)
         loss.step_costs(trajectory, b.cost)
-        _, critic = self._nets(env.config)
         rows = b.next_n.shape[0] * b.next_n.shape[1]
-        critic.forward(self._target, b.next_n.reshape((rows, b.next_n.shape[2])), b.next_values)
+        self._values(env, b.next_n.reshape((rows, b.next_n.shape[2])), b.next_values)
         b.objective.zero_()
         wp.launch(
             k.actor_objective, dim=b.cost.shape,
@@ -491,6 +508,24 @@ class SHAC(Task):
         )  # fmt: skip
         return b.objective
 
+    def _values(self, env: Env, inputs: wp.array, out: wp.array) -> None:
+        """``out`` ``(rows, 1)``: the target critic's values of the normalised ``inputs``, on the tape."""
+        _, critic = self._nets(env.config)
+        critic.forward(self._target, inputs, out)
+
+    def _fit_critic(self, step: Any, env: Env, b: _Window) -> None:
+        """The critic's epochs on the window's inputs and TD(lambda) targets (SHAC: ``critic_epochs``
+        passes of ``critic_minibatches``), each minibatch step followed by the critic group's update."""
+        if b.critic_fit is None:
+            _, critic = self._nets(env.config)
+            targets = b.targets.reshape((b.targets.shape[0], 1))
+            b.critic_fit = Regression(critic, self._critic, b.inputs, targets, minibatches=self.args.critic_minibatches)
+        b.critic_fit.fit(self.args.critic_epochs, b.losses, lambda: step.apply("critic"))
+
+    def _after_critic(self, step: Any, env: Env, b: _Window) -> None:
+        """After the critic's fit and the target's update, before the statistics move on (none here;
+        ``task=ahac``: the horizon's dual step)."""
+
     def iterate(self, step: Any) -> None:
         """The actor's window and update, the critic's epochs, the target critic and statistics."""
         env = step.env
@@ -499,7 +534,6 @@ class SHAC(Task):
         step.forward_backward(objective=lambda trajectory: self.objective(env, step.loss, trajectory))
         step.apply("actor")
         a = self.args
-        rows = b.targets.shape[0]
         wp.launch(
             k.td_lambda, dim=env.world_count,
             inputs=[b.cost, b.next_values.reshape(b.cost.shape), b.ends, b.terminal, a.reward_scale, a.gamma, a.lam,
@@ -507,15 +541,12 @@ class SHAC(Task):
             outputs=[b.targets.reshape(b.cost.shape)], device=env.device,
         )  # fmt: skip
         wp.copy(b.inputs, b.obs_n.reshape(b.inputs.shape))
-        if b.critic_fit is None:
-            _, critic = self._nets(env.config)
-            targets = b.targets.reshape((rows, 1))
-            b.critic_fit = Regression(critic, self._critic, b.inputs, targets, minibatches=a.critic_minibatches)
-        b.critic_fit.fit(a.critic_epochs, b.losses, lambda: step.apply("critic"))
+        self._fit_critic(step, env, b)
         wp.launch(
             k.polyak, dim=self._critic.size, inputs=[state["target_critic"], self._critic.data, a.target_alpha],
             device=env.device,
         )  # fmt: skip
+        self._after_critic(step, env, b)
         wp.launch(
             k.update_moments, dim=1,
             inputs=[b.obs.reshape(b.inputs.shape), state["obs_mean"], state["obs_var"], state["obs_count"],
