@@ -300,6 +300,35 @@ def test_captured_iterations_equal_eager_with_the_horizon_and_cuts_moving(tmp_pa
     assert horizon and float(eager.arrays[horizon[0]][0]) != 2.0
 
 
+def test_under_auto_the_measured_window_caps_the_windows_in_place_of_the_horizon():
+    t = trainer("task.window=auto", "task.auto.floor=2", "task.auto.ceiling=8", "task.contact_threshold=1e9",
+                "capture=false")  # fmt: skip
+    task, env = t.task, t.env
+    state = task.state(env)
+    for window, cuts in ((2, [1, 3, 5]), (4, [3])):
+        state["window"].fill_(window)
+        t.step.run()
+        np.testing.assert_array_equal(np.flatnonzero(task.buffers(env).cut.numpy()[:, 0]), cuts)
+        assert float(state["horizon"].numpy()[0]) == window  # not stepped: the window is the cap
+
+
+def test_an_auto_run_measures_and_logs_its_window(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = [*SMALL, "task.window=auto", "task.auto.floor=2", "task.auto.ceiling=8", "task.auto.every=2",
+            "diagnose.samples=4", "iterations=3", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    proc = train(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "auto window at iteration" in proc.stdout + proc.stderr
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert any(tag.startswith("auto_window/") for tag in tags)
+    window = [e.value for e in events.Scalars("shac/window")]
+    horizon = [e.value for e in events.Scalars("ahac/horizon")]
+    assert window == [8.0] * 3 and horizon == [6.0] * 3  # the window's cap, clamped to steps_max
+
+
 @pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_sigkilled_ahac_run_resumes_bit_for_bit(tmp_path):
     args = [*SMALL, "iterations=120", "checkpoint.every=10", "task.horizon_lr=0.5", "task.contact_threshold=0.8"]
@@ -311,7 +340,7 @@ def test_a_sigkilled_ahac_run_resumes_bit_for_bit(tmp_path):
     [
         (["task.steps_min=9", "task.steps_max=8"], "task.steps_min", "at most task.steps_max"),
         (["task.steps_max=16"], "task.steps_max", "at most 8"),
-        (["task.window=auto"], "task.window", "an integer >= task.steps_max"),
+        (["task.window=auto", "task.auto.floor=2", "task.auto.ceiling=4"], "task.steps_max", "at most 4"),
         (["task.horizon_init=1"], "task.horizon_init", "[task.steps_min, task.steps_max]"),
         (["task.contact_threshold=0"], "task.contact_threshold", "> 0"),
     ],

@@ -23,6 +23,11 @@ as SHAC (:class:`harness.tasks.SHAC`) with four changes:
    ``critic_max_epochs``: a device loop (``wp.capture_while``), so the iteration stays one
    captured graph whatever the count.
 
+Under ``task.window=auto`` rollouts run ``task.auto.ceiling`` steps and the window ``n`` that the
+gradient's measured trust chooses (:mod:`harness.auto_window`, as for SHAC) takes the learned
+horizon's place: windows are still cut by contact, at most ``n`` steps (clamped to
+``[steps_min, steps_max]``), and ``H`` is not stepped.
+
 Where this differs from the paper's code (imgeorgiev/DiffRL ``ahac.py``), and why, is in
 docs/tasks.md. ``H``, the twin critic and the rest are the task's state, in every checkpoint.
 """
@@ -100,11 +105,6 @@ class AHAC(SHAC):
         critic_tolerance: float = 0.2,
         **shac: Any,
     ):
-        if window == AUTO:
-            raise schema.SchemaError(
-                "task.window: task=ahac's windows are cut by contact and its learned horizon, and rollouts of "
-                "task.window steps hold them; accepted: an integer >= task.steps_max (auto is task=shac's)"
-            )
         self.ahac = schema.check(
             AHACArgs, "task", steps_min=steps_min, steps_max=steps_max, contact_threshold=contact_threshold,
             horizon_init=horizon_init, horizon_lr=horizon_lr, horizon_lr_min=horizon_lr_min,
@@ -118,8 +118,9 @@ class AHAC(SHAC):
                 f"task.steps_min: must be at most task.steps_max ({a.steps_max}), got {a.steps_min}"
             )
         if self.window is not None and a.steps_max > self.window:
+            rollout = "task.auto.ceiling" if self.adaptive else "task.window"
             raise schema.SchemaError(
-                f"task.steps_max: a window lies inside a rollout of task.window ({self.window}) steps; "
+                f"task.steps_max: a window lies inside a rollout of {rollout} ({self.window}) steps; "
                 f"accepted: at most {self.window}, got {a.steps_max}"
             )
         start = a.steps_min if a.horizon_init is None else a.horizon_init
@@ -172,6 +173,11 @@ class AHAC(SHAC):
 
     def _begin_cuts(self, env: Env, state: dict[str, wp.array], b: _Window) -> None:
         b.cut.zero_()  # every cut of the rollout is decided as it runs (_mark_cuts)
+        if self.adaptive:  # window=auto: the measured window caps the windows in place of the learned horizon
+            wp.launch(
+                ak.horizon_from_window, dim=1, inputs=[state["window"]], outputs=[state["horizon"]],
+                device=env.device, record_tape=False,
+            )  # fmt: skip
 
     def _cuts_at(self, t: int) -> bool:
         return True  # a contact may cut after any step
@@ -216,10 +222,11 @@ class AHAC(SHAC):
 
     def _after_critic(self, step: Any, env: Env, b: _Window) -> None:
         extra, a = self.extra(env), self.ahac
+        lr, lr_min = (0.0, 0.0) if self.adaptive else (a.horizon_lr, a.horizon_lr_min)  # auto: H is the window
         wp.launch(
             ak.horizon_step, dim=1,
-            inputs=[extra["load"], b.cut, b.done, step.counter, a.horizon_decay_iterations, a.horizon_lr,
-                    a.horizon_lr_min, a.contact_threshold, a.steps_min, a.steps_max, extra["sums"], extra["counts"]],
+            inputs=[extra["load"], b.cut, b.done, step.counter, a.horizon_decay_iterations, lr, lr_min,
+                    a.contact_threshold, a.steps_min, a.steps_max, extra["sums"], extra["counts"]],
             outputs=[self.state(env)["horizon"], self._ahac_scalars], device=env.device,
         )  # fmt: skip
 

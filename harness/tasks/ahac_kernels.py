@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import warp as wp
 
-__all__ = ["contact_cut", "critic_stop", "duplicate_targets", "horizon_step", "stop_start", "twin_min"]
+__all__ = [
+    "contact_cut", "critic_stop", "duplicate_targets", "horizon_from_window", "horizon_step", "stop_start", "twin_min",
+]  # fmt: skip
 
 
 @wp.func
@@ -67,6 +69,12 @@ def contact_cut(
         cost_weight[s, w] = discount
         value_weight[s, w] = wp.where(last, gamma * discount, 0.0)
         discount = wp.where(done[s, w] != 0, 1.0, discount * gamma)
+
+
+@wp.kernel
+def horizon_from_window(window: wp.array(dtype=wp.int32), horizon: wp.array(dtype=wp.float32)):
+    """``task.window=auto``: the windows' cap is the measured window ``n``."""
+    horizon[0] = float(window[0])
 
 
 @wp.kernel
