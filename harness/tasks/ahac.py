@@ -43,7 +43,7 @@ from harness import schema, tags
 from harness.env import ContactLoad, Env
 from harness.nn import Regression
 from harness.tasks import ahac_kernels as ak
-from harness.tasks.shac import AUTO, SHAC, _Window
+from harness.tasks.shac import SHAC, _Window
 
 __all__ = ["AHAC"]
 
