@@ -1,16 +1,17 @@
-"""A robot's return against simulated steps, from the TensorBoard events of SHAC runs (the Ant's
-by default; ``--robot hopper`` for the Hopper's).
+"""A robot's return against simulated steps, from the TensorBoard events of SHAC and AHAC runs
+(the Ant's by default; ``--robot hopper`` for the Hopper's).
 
-Every ``task=shac`` run logs ``episode/return`` (whole episodes from the env's own starts,
+Every ``task=shac`` or ``task=ahac`` run logs ``episode/return`` (whole episodes from the env's own starts,
 rolled out at the training's current weights: docs/tasks.md, "What a policy run reports") at
 step 0 and about ten times over the run. This reads those with TensorBoard's own reader and
 draws them against the simulated steps of training (iteration x window x worlds), one line per
 run, with the held-out evaluation (``harness evaluate RUN env.seed=7``: its ``eval.json``) as a
-marker where the run folder has one. ``--reference`` adds a published SHAC Ant curve
-(``docs/data/shac_ant_georgiev2024.csv``, written by ``scripts/reference_shac_ant.py``): its
-mean over seeds and the band of one standard deviation, against the same simulated steps
-(epochs x 32 steps x ``--reference-worlds``) on the left and against iterations (SHAC epochs, 32
-steps each in both) on the right. Writes ``<out>.png`` and ``<out>.json``::
+marker where the run folder has one. ``--reference`` (repeatable) adds a published curve
+(``docs/data/shac_ant_georgiev2024.csv`` and the others ``scripts/reference_shac_ant.py`` writes):
+its mean over seeds and the band of one standard deviation against iterations (epochs) on the
+right, and a SHAC curve also against the same simulated steps (epochs x 32 steps x
+``--reference-worlds``) on the left; an adaptive-horizon curve (AHAC's) is on the right only, as
+its epochs' steps vary and the export does not hold them. Writes ``<out>.png`` and ``<out>.json``::
 
     .venv/bin/python scripts/plot_ant.py outputs/ant/seed0 outputs/ant/seed1 --out docs/img/ant_shac \
         --reference docs/data/shac_ant_georgiev2024.csv
@@ -36,13 +37,14 @@ def curve(run: Path) -> dict:
     task = config["task"]
     auto = task["window"] == "auto"  # task.window=auto: every rollout runs the ceiling's steps
     per_iteration = int(task["auto"]["ceiling"] if auto else task["window"]) * int(config["env"]["world_count"])
+    name = "AHAC" if str(task.get("_target_", "")).endswith("AHAC") else "SHAC"
     events = EventAccumulator(str(run), size_guidance={"scalars": 0})
     events.Reload()
     points = {e.step: e.value for e in events.Scalars(tags.EPISODE_RETURN)}  # a resumed run rewrites its steps
     found = {
         "run": str(run),
         "seed": config.get("seed"),
-        "method": "SHAC, task.window=auto" if auto else "SHAC",
+        "method": f"{name}, task.window=auto (ceiling {task['auto']['ceiling']})" if auto else name,
         "planned_iterations": config.get("iterations"),
         "worlds": int(config["env"]["world_count"]),
         "steps": [step * per_iteration for step in sorted(points)],
@@ -66,10 +68,12 @@ def reference(path: Path) -> dict:
     import csv
 
     lines = path.read_text().splitlines()
-    source = " ".join(line.lstrip("# ") for line in lines if line.startswith("#"))
+    notes = [line.lstrip("# ") for line in lines if line.startswith("#")]
+    method = next((note.split(":", 1)[1].strip() for note in notes if note.startswith("method:")), "SHAC")
     rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
     return {
-        "source": source,
+        "source": " ".join(note for note in notes if not note.startswith("method:")),
+        "method": method,
         "epochs": [int(r["epoch"]) for r in rows],
         "mean": [float(r["mean"]) for r in rows],
         "std": [float(r["std"]) for r in rows],
@@ -79,15 +83,16 @@ def reference(path: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", type=Path, nargs="+", help="task=shac run folders")
+    parser.add_argument("runs", type=Path, nargs="+", help="task=shac or task=ahac run folders")
     parser.add_argument("--out", type=Path, required=True, help="<out>.png and <out>.json")
-    parser.add_argument("--reference", type=Path, help="a published curve (docs/data/shac_ant_georgiev2024.csv)")
+    parser.add_argument("--reference", type=Path, action="append", default=[],
+                        help="a published curve (docs/data/shac_ant_georgiev2024.csv); repeatable")  # fmt: skip
     parser.add_argument("--reference-worlds", type=int, default=128, help="its worlds per epoch (their config: 128)")
     parser.add_argument("--robot", default="ant", help="the env the runs trained (+env=NAME), for the title")
     args = parser.parse_args()
     curves = [curve(run) for run in args.runs]
-    published = reference(args.reference) if args.reference else None
-    found = {"runs": curves, "reference": published}
+    published = [reference(path) for path in args.reference]
+    found = {"runs": curves, "references": published}
     args.out.with_suffix(".json").write_text(json.dumps(found, indent=1) + "\n")
 
     import matplotlib
@@ -98,14 +103,17 @@ def main() -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 6), layout="constrained", sharey=True)
     for panel, ax in enumerate(axes):
         x = "steps" if panel == 0 else "iterations"
-        if published is not None:
-            epochs = np.array(published["epochs"])
+        for j, ref in enumerate(published):
+            if panel == 0 and ref["method"] != "SHAC":
+                continue  # its epochs' steps vary with the horizon and are not in the export
+            epochs = np.array(ref["epochs"])
             at = epochs * 32 * args.reference_worlds if panel == 0 else epochs
-            mean, std = np.array(published["mean"]), np.array(published["std"])
-            label = (f"SHAC, Georgiev et al. 2024 rerun: mean +- std of {published['seeds']} seeds, "
+            mean, std = np.array(ref["mean"]), np.array(ref["std"])
+            shade = ("0.35", "tab:brown", "tab:pink", "tab:olive")[j % 4]
+            label = (f"{ref['method']}, Georgiev et al. 2024: mean +- std of {ref['seeds']} seeds, "
                      f"{args.reference_worlds} worlds, training episodes")  # fmt: skip
-            ax.plot(at, mean, "-", color="0.35", label=label)
-            ax.fill_between(at, mean - std, mean + std, color="0.35", alpha=0.2, linewidth=0)
+            ax.plot(at, mean, "-", color=shade, label=label)
+            ax.fill_between(at, mean - std, mean + std, color=shade, alpha=0.15, linewidth=0)
         for i, c in enumerate(curves):
             colour = f"C{i}"
             label = f"{c['method']}, seed {c['seed']}: episodes from the env's starts"
@@ -120,11 +128,12 @@ def main() -> None:
                 ax.plot([where], [h["episode_return"]], "*", color=colour, markersize=14, label=held)
         ax.grid(alpha=0.3)
     worlds = "/".join(str(w) for w in sorted({c["worlds"] for c in curves}))
-    axes[0].set_xlabel(f"simulated steps (ours: iterations x 32 steps x {worlds} worlds)")
-    axes[1].set_xlabel("iterations (SHAC epochs of 32 steps)")
+    axes[0].set_xlabel(f"simulated steps (ours: iterations x rollout steps x {worlds} worlds)")
+    axes[1].set_xlabel("iterations (epochs)")
     axes[0].set_ylabel("episode return (1000 steps)")
     robot = args.robot.capitalize()
-    axes[0].set_title(f"SHAC on the {robot} (+env={args.robot} task=shac), this CPU: against simulated steps")
+    methods = " and ".join(sorted({c["method"].split(",")[0] for c in curves}))
+    axes[0].set_title(f"{methods} on the {robot} (+env={args.robot}), this CPU: against simulated steps")
     axes[1].set_title("against iterations")
     handles, labels = axes[1].get_legend_handles_labels()  # below the panels: inside, it hid a curve
     fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=2)

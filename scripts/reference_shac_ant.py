@@ -1,5 +1,7 @@
-"""A published SHAC learning curve (the Ant's; ``--robot Hopper`` with ``shac_hopper_time.csv``),
-summarised for ``scripts/plot_ant.py --reference``.
+"""A published SHAC learning curve (the Ant's; ``--robot Hopper`` with ``shac_hopper_time.csv``;
+``--method AHAC`` with ``ahac_ant_time.csv``, ``--method "SHAC + adaptive horizon" --column
+rewards/iter`` with ``shac_ant_adaptive_horizon_time.csv``), summarised for
+``scripts/plot_ant.py --reference``.
 
 The source is the wandb export behind AHAC's figures (Georgiev et al. 2024, "Adaptive Horizon
 Actor-Critic for Policy Learning in Contact-Rich Differentiable Simulation"): the repository
@@ -20,15 +22,15 @@ import math
 from pathlib import Path
 
 
-def per_seed(path: Path) -> dict[str, dict[int, float]]:
-    """seed -> epoch -> reward, from the export's ``<seed> - _step`` and ``<seed> - rewards`` columns."""
+def per_seed(path: Path, column: str = "rewards") -> dict[str, dict[int, float]]:
+    """seed -> epoch -> reward, from the export's ``<seed> - _step`` and ``<seed> - <column>`` columns."""
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    seeds = sorted({name.split(" - ")[0] for name in rows[0] if name.endswith(" - rewards")})
+    seeds = sorted({name.split(" - ")[0] for name in rows[0] if name.endswith(f" - {column}")})
     found: dict[str, dict[int, float]] = {seed: {} for seed in seeds}
     for row in rows:
         for seed in seeds:
-            step, reward = row[f"{seed} - _step"], row[f"{seed} - rewards"]
+            step, reward = row[f"{seed} - _step"], row[f"{seed} - {column}"]
             if step and reward:
                 found[seed][int(float(step))] = float(reward)
     return found
@@ -40,13 +42,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--every", type=int, default=10, help="keep every n-th epoch (and the last)")
     parser.add_argument("--robot", default="Ant", help="the export's robot, for the header (Hopper, Ant)")
+    parser.add_argument("--method", default="SHAC", help="the export's method, for the header (SHAC, AHAC, ...)")
+    parser.add_argument("--column", default="rewards", help="the export's return column (rewards, rewards/iter)")
     args = parser.parse_args()
-    seeds = per_seed(args.export)
+    seeds = per_seed(args.export, args.column)
     last = max(max(epochs) for epochs in seeds.values())
     with args.out.open("w", newline="") as f:
         f.write(
-            f"# SHAC on DiffRL's {args.robot} as rerun by Georgiev et al. 2024 (AHAC): github.com/imgeorgiev/DiffRL "
-            f"results/data/{args.export.name} (commit 9b09828), summarised by scripts/reference_shac_ant.py\n"
+            f"# {args.method} on DiffRL's {args.robot} as run by Georgiev et al. 2024 (AHAC): "
+            f"github.com/imgeorgiev/DiffRL results/data/{args.export.name} (commit 9b09828, column {args.column}), "
+            f"summarised by scripts/reference_shac_ant.py\n# method: {args.method}\n"
         )
         out = csv.writer(f)
         out.writerow(["epoch", "seeds", "mean", "std", "min", "max"])
