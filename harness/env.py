@@ -24,6 +24,7 @@ line naming it, before anything is built.
 - :class:`CarriesState`: a rollout continues from where the last one ended (windows);
 - :class:`Restarts`: worlds whose episode ended start a fresh one inside a rollout (SHAC);
 - :class:`Terminates`: a world's episode ends early where its state says so (a robot that fell);
+- :class:`ContactLoad`: how hard each world presses on what it touches after a step (``task=ahac``);
 - :class:`Segmentable`: save and restore what a segment needs (``memory.segment_steps``);
 - :class:`Identifiable`: named physical quantities a task trains or fits (``physical``,
   ``initial``, ``sysid``, ``harness record``);

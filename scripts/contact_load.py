@@ -32,15 +32,11 @@ def main() -> None:
     trained = trained_run(RunFolder(args.run, "evaluate"), list(args.overrides), load=False)
     trained.load()
     step, env = trained.trainer.step, trained.run.env
-    with step.at_eval_params():
-        rollout(env, step.task, step.params)
-    alive = env.trajectory()["terminated"].numpy()[..., 0] < 0.5 if "terminated" in env.trajectory() else None
-    loads = np.zeros((env.horizon, env.world_count), np.float32)
-    out = wp.zeros(env.world_count, dtype=wp.float32, device=env.device)
-    for t in range(env.horizon):
-        env.contact_load(t, out)
-        loads[t] = out.numpy()
-    values = loads[alive] if alive is not None else loads.ravel()
+    loads = wp.zeros((env.horizon, env.world_count), dtype=wp.float32, device=env.device)
+    with step.at_eval_params():  # each step's load right after it (an evaluation keeps two states, not all)
+        rollout(env, step.task, step.params, after_step=lambda t, _: env.contact_load(t, loads[t]))
+    alive = env.trajectory()["terminated"].numpy()[..., 0] < 0.5  # episodes that have not ended
+    values = loads.numpy()[alive]
     print(f"{args.run}: {values.size} world-steps, {env.horizon} steps x {env.world_count} worlds")
     quantiles = (0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
     print("  quantiles " + "  ".join(f"{q:g}: {np.quantile(values, q):.3g}" for q in quantiles))

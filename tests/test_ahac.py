@@ -33,11 +33,11 @@ def trainer(*overrides: str):
 # -- the contact cut --------------------------------------------------------------------------------
 
 
-def cuts_model(load, done, *, steps_min, horizon, threshold, gamma):
+def cuts_model(load, done, terminal, *, steps_min, horizon, threshold, gamma):
     """numpy model of the rule, step by step as the rollout decides it: world ``w``'s window ends
-    after step ``t`` where it has ``steps_min`` steps or more and the load passes ``threshold``, or
-    has ``horizon`` steps; not after the last step nor at an episode's end. Returns the cuts and
-    the actor's weights with them."""
+    after step ``t`` where it has more than ``steps_min`` steps and the load passes ``threshold``,
+    or has ``horizon`` steps; not after the last step nor at an episode's end (an early one valued
+    0). Returns the cuts and the actor's weights with them."""
     steps, worlds = load.shape
     cut = np.zeros((steps, worlds), np.int32)
     cw = np.zeros((steps, worlds))
@@ -48,9 +48,9 @@ def cuts_model(load, done, *, steps_min, horizon, threshold, gamma):
             length += 1
             cw[t, w] = discount
             last = done[t, w] or t == steps - 1
-            if not last and ((length >= steps_min and load[t, w] > threshold) or length >= horizon):
+            if not last and ((length > steps_min and load[t, w] > threshold) or length >= horizon):
                 cut[t, w] = 1
-            vw[t, w] = gamma * discount if (last or cut[t, w]) else 0.0
+            vw[t, w] = 0.0 if terminal[t, w] else (gamma * discount if (last or cut[t, w]) else 0.0)
             if done[t, w] or cut[t, w]:
                 length, discount = 0, 1.0
             else:
@@ -58,37 +58,49 @@ def cuts_model(load, done, *, steps_min, horizon, threshold, gamma):
     return cut, cw, vw
 
 
-def run_cuts(load, episode_step, *, length, steps_min, steps_max, horizon, threshold, gamma):
-    """The task's kernels over a rollout: SHAC's episode marks, then the contact cut after each step."""
+def run_cuts(load, episode_step, *, length, steps_min, steps_max, horizon, threshold, gamma, ended_at=None):
+    """The task's kernels over a rollout, in its order: SHAC's episode marks, then after each step
+    the terminations (world ``w`` ends early after step ``ended_at[w]``, -1: never) and the contact cut."""
     steps, worlds = load.shape
-    cut, done, ends = (wp.zeros((steps, worlds), dtype=wp.int32) for _ in range(3))
+    cut, done, ends, terminal = (wp.zeros((steps, worlds), dtype=wp.int32) for _ in range(4))
     cost_weight, value_weight = (wp.zeros((steps, worlds), dtype=wp.float32) for _ in range(2))
     wp.launch(k.episode_marks, dim=worlds, inputs=[wp.array(episode_step, dtype=wp.int32), length, steps, cut],
               outputs=[done, ends, cost_weight, value_weight, gamma])  # fmt: skip
     loads = wp.array(load, dtype=wp.float32)
     h = wp.array([horizon], dtype=wp.float32)
+    ended_at = np.full(worlds, -1) if ended_at is None else np.asarray(ended_at)
     for t in range(steps):
+        ended = wp.array((ended_at == t).astype(np.int32))
+        wp.launch(k.mark_terminations, dim=worlds, inputs=[ended, t, steps, length, gamma, cut],
+                  outputs=[done, ends, terminal, cost_weight, value_weight])  # fmt: skip
         wp.launch(ak.contact_cut, dim=worlds,
                   inputs=[loads, t, steps, steps_min, steps_max, h, threshold, gamma, done],
                   outputs=[cut, cost_weight, value_weight])  # fmt: skip
-    return cut.numpy(), done.numpy(), ends.numpy(), cost_weight.numpy(), value_weight.numpy()
+    return cut.numpy(), done.numpy(), ends.numpy(), terminal.numpy(), cost_weight.numpy(), value_weight.numpy()
 
 
-def test_a_contact_above_the_threshold_cuts_a_window_of_at_least_steps_min():
+def test_a_contact_above_the_threshold_cuts_a_window_longer_than_steps_min():
     steps, gamma = 16, 0.9
     rng = np.random.default_rng(3)
-    load = rng.uniform(0.0, 3.0, size=(steps, 5)).astype(np.float32)
+    load = rng.uniform(0.0, 3.0, size=(steps, 6)).astype(np.float32)
     load[:, 0] = 0.0
-    load[[1, 4, 5, 11], 0] = 2.0  # world 0: too soon after the start, then at 4 (5 steps), 5 too soon, 11
-    episode_step = np.array([0, 0, 13, 0, 0], np.int32)  # world 2's episode ends after step 2 (limit 16)
-    cut, done, ends, cw, vw = run_cuts(load, episode_step, length=16, steps_min=3, steps_max=16, horizon=16.0,
-                                       threshold=1.5, gamma=gamma)  # fmt: skip
+    load[[2, 4, 5, 11], 0] = 2.0  # world 0: 3 steps (not more than 3), then at 4 (5 steps), 5 too soon, 11
+    load[:, 5] = 2.0  # world 5: contact all along; it falls after step 6, three steps after a cut
+    episode_step = np.array([0, 0, 13, 0, 0, 0], np.int32)  # world 2's episode ends after step 2 (limit 16)
+    ended_at = [-1, -1, -1, 7, -1, 6]  # world 3 falls after step 7, where its window reaches 8 steps
+    cut, done, ends, terminal, cw, vw = run_cuts(
+        load, episode_step, length=16, steps_min=3, steps_max=16, horizon=8.0, threshold=1.5, gamma=gamma,
+        ended_at=ended_at,
+    )  # fmt: skip
     np.testing.assert_array_equal(np.flatnonzero(cut[:, 0]), [4, 11])
-    mcut, mcw, mvw = cuts_model(load, done, steps_min=3, horizon=16, threshold=1.5, gamma=gamma)
+    mcut, mcw, mvw = cuts_model(load, done, terminal, steps_min=3, horizon=8, threshold=1.5, gamma=gamma)
     np.testing.assert_array_equal(cut, mcut)
     np.testing.assert_allclose(cw, mcw, rtol=1e-6)
     np.testing.assert_allclose(vw, mvw, rtol=1e-6)
     assert done[2, 2] == 1 and cut[2, 2] == 0  # an episode's end is no cut: its window ends anyway
+    assert terminal[7, 3] == 1 and cut[7, 3] == 0 and vw[7, 3] == 0.0  # a fall where the horizon would cut
+    np.testing.assert_array_equal(np.flatnonzero(cut[:, 5]), [3, 10, 14])  # every 4 steps; the fall restarts the count
+    assert terminal[6, 5] == 1 and vw[6, 5] == 0.0 and cw[7, 5] == 1.0
     assert not cut[-1].any()  # nor the rollout's last step
     np.testing.assert_array_equal(ends, (done | (np.arange(steps) == steps - 1)[:, None]).astype(np.int32))
 
@@ -98,7 +110,7 @@ def test_windows_stay_between_steps_min_and_the_learned_horizon():
     always = np.full((steps, 3), 5.0, np.float32)
     cut, *_ = run_cuts(always, np.zeros(3, np.int32), length=1000, steps_min=4, steps_max=16, horizon=16.0,
                        threshold=1.5, gamma=0.99)  # fmt: skip
-    np.testing.assert_array_equal(np.flatnonzero(cut[:, 0]), [3, 7, 11, 15, 19])  # every 4 steps: the floor
+    np.testing.assert_array_equal(np.flatnonzero(cut[:, 0]), [4, 9, 14, 19])  # every 5 steps: just past the floor
     never = np.zeros((steps, 3), np.float32)
     for horizon, every in ((16.0, 16), (9.6, 10), (2.0, 4), (40.0, 16)):  # round(H), within [4, 16]
         cut, *_ = run_cuts(never, np.zeros(3, np.int32), length=1000, steps_min=4, steps_max=16, horizon=horizon,
@@ -210,38 +222,57 @@ def test_the_critic_stops_by_ahacs_rule_on_scripted_losses(losses, max_epochs):
     assert passes == expected == int(count.numpy()[0])
 
 
-def passes(task, env, cap: int) -> None:
-    """The critic's loop of ``task`` as its iteration issues it, with no update and a rule that
-    never settles (tolerance -1): ``cap`` passes."""
+@wp.kernel
+def scripted_losses(
+    script: wp.array(dtype=wp.float32), count: wp.array(dtype=wp.int32), losses: wp.array(dtype=wp.float32)
+):
+    # in place of the critic's update: pass j's minibatch losses become script[j] (count: passes before it)
+    losses[wp.tid()] = script[count[0]]
+
+
+def passes(task, env, script: wp.array, cap: int) -> None:
+    """The critic's loop of ``task`` as its iteration issues it (``Regression.fit_while``, AHAC's
+    rule at tolerance 0.2), its minibatch losses replaced by ``script``'s."""
     b, extra = task.buffers(env), task.extra(env)
     ring, count, go = extra["ring"], task._epochs, extra["go"]
 
+    def update() -> None:
+        wp.launch(scripted_losses, dim=b.losses.shape, inputs=[script, count], outputs=[b.losses])
+
     def after_epoch() -> None:
-        wp.launch(ak.critic_stop, dim=1, inputs=[b.losses, ring, count, cap, -1.0], outputs=[go])
+        wp.launch(ak.critic_stop, dim=1, inputs=[b.losses, ring, count, cap, 0.2], outputs=[go])
 
     wp.launch(ak.stop_start, dim=1, outputs=[count, go])
-    extra["fit"].fit_while(go, b.losses, lambda: None, after_epoch)
+    extra["fit"].fit_while(go, b.losses, update, after_epoch)
 
 
-def test_the_stopping_rule_runs_as_many_passes_captured_as_eager():
-    """The critic's loop as ``Regression.fit_while`` runs it, on a device flag: a graph captured
-    once runs the number of passes the rule decides at each replay, as the eager loop does."""
-    counts = {}
-    for captured in (False, True):
-        t = trainer("capture=false")
-        task, env = t.task, t.env
-        t.step.run()  # one eager iteration (kernels built, buffers made)
-        seen = []
-        for cap in (4, 7):
-            if captured:
-                with wp.ScopedCapture(device="cpu") as capture:
-                    passes(task, env, cap)
-                wp.capture_launch(capture.graph)
-            else:
-                passes(task, env, cap)
-            seen.append(int(task._epochs.numpy()[0]))
-        counts[captured] = seen
-    assert counts[False] == counts[True] == [4, 7]
+def test_one_captured_graph_runs_as_many_critic_passes_as_the_rule_decides():
+    """The critic's loop on a device flag: one graph, captured once, replayed with other losses,
+    runs the passes AHAC's rule decides for each (at most 12), as the eager loop does."""
+    scripts = [
+        [10.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.9, 4.8, 4.75, 4.7, 4.69, 4.68, 4.67],  # settles: stops after 11 passes
+        [3.0] * 13,  # flat: the earliest stop, after 6
+        [20.0 - j for j in range(13)],  # keeps falling: the cap, 12
+    ]
+    expected = [stop_model(losses, max_epochs=12, tolerance=0.2) for losses in scripts]
+    assert expected == [11, 6, 12]
+    t = trainer("capture=false")
+    task, env = t.task, t.env
+    t.step.run()  # one eager iteration (kernels built, buffers made)
+    script = wp.zeros(13, dtype=wp.float32)
+    eager = []
+    for losses in scripts:
+        script.assign(np.array(losses, np.float32))
+        passes(task, env, script, 12)
+        eager.append(int(task._epochs.numpy()[0]))
+    with wp.ScopedCapture(device="cpu") as capture:
+        passes(task, env, script, 12)
+    captured = []
+    for losses in scripts:
+        script.assign(np.array(losses, np.float32))
+        wp.capture_launch(capture.graph)
+        captured.append(int(task._epochs.numpy()[0]))
+    assert eager == captured == expected
 
 
 # -- on the real Ant ------------------------------------------------------------------------------
@@ -264,31 +295,35 @@ def test_the_contact_load_is_the_ants_weight_standing_and_zero_in_the_air():
 
 
 def test_no_gradient_crosses_a_contact_cut():
-    """A threshold of 0: every world's window is cut at the floor (2 steps). Only the last window's
-    terms weighted: the actor's gradient comes from the last window's steps alone, so it equals the
-    gradient of the same objective with the actions before it held (no gradient to them at all)."""
-    t = trainer("capture=false", "task.contact_threshold=1e-9", "clip.adjoint.profile=true")
+    """Started low (0.5 m), every world's feet press on the ground from the first step; with a
+    threshold of almost 0 and a horizon of 6, each window is cut by contact just past the floor,
+    after step 2. Only the steps after it weighted: the state's adjoint up to the cut
+    (``clip.adjoint.profile``) is exactly 0, and after it is not."""
+    t = trainer("capture=false", "task.contact_threshold=1e-9", "task.horizon_init=6", "env.start_height=0.5",
+                "clip.adjoint.profile=true")  # fmt: skip
     step, task, env = t.step, t.task, t.env
 
     def objective(trajectory):
         b = task.buffers(env)
         for weights in (b.cost_weight, b.value_weight):
             kept = weights.numpy()
-            kept[:6] = 0.0  # the windows before the last (steps 6, 7)
+            kept[:3] = 0.0  # the first window of every world (steps 0 to 2)
             weights.assign(kept)
         return task.objective(env, step.loss, trajectory)
 
     step.forward_backward(objective=objective)
-    cut = task.buffers(env).cut.numpy()
-    np.testing.assert_array_equal(np.flatnonzero(cut[:, 0]), [1, 3, 5])
+    cut, load = task.buffers(env).cut.numpy(), task.extra(env)["load"].numpy()
+    np.testing.assert_array_equal(cut[:2], 0)
+    np.testing.assert_array_equal(cut[2], 1)  # 3 steps: past the floor (2), short of the horizon (6)
+    assert (load[2] > 0).all()  # so contact cut there
     profile = step.adjoint.profile()  # row t: the adjoint of the state after step t
-    np.testing.assert_array_equal(profile[:6], 0.0)
-    assert profile[6:].min() > 0
+    np.testing.assert_array_equal(profile[:3], 0.0)
+    assert profile[3:].min() > 0
 
 
 def test_captured_iterations_equal_eager_with_the_horizon_and_cuts_moving(tmp_path):
-    """Four iterations, captured and eager: the horizon moves every iteration, cuts differ by world,
-    the critic's passes by iteration; the final checkpoints agree bit for bit."""
+    """Four iterations, captured and eager, the horizon moving every iteration: the final
+    checkpoints agree bit for bit."""
     args = [*SMALL, "iterations=4", "checkpoint.every=4", "task.contact_threshold=0.8", "task.horizon_lr=0.5"]
     for capture in ("false", "true"):
         proc = train([*args, f"capture={capture}", f"hydra.run.dir={tmp_path / capture}"], tmp_path)

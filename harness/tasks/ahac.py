@@ -5,7 +5,7 @@ as SHAC (:class:`harness.tasks.SHAC`) with four changes:
 1. **Windows cut by contact, per world.** A rollout runs ``task.window`` steps; inside it each
    world's gradient window ends after a step whose contact load (the env's
    :meth:`~harness.env.ContactLoad.contact_load`: the contacts' normal force in the world's
-   weight) passes ``contact_threshold``, once the window has ``steps_min`` steps, and at the
+   weight) passes ``contact_threshold``, once the window has more than ``steps_min`` steps, and at the
    latest after ``round(H)`` steps. A cut ends the actor's sub-trajectory as a window's end does
    (the state is valued by the critic, the discount starts again) and no gradient crosses it
    (the state's adjoint is zeroed there, world by world: :meth:`SHAC._record_cut`); the critic's
@@ -52,9 +52,9 @@ __all__ = ["AHAC"]
 class AHACArgs:
     """``task=ahac``'s own fields (``configs/task/ahac.yaml``), checked by :mod:`harness.schema`."""
 
-    steps_min: int = schema.field(8, minimum=1, doc="the shortest window a contact may cut")
+    steps_min: int = schema.field(8, minimum=1, doc="a contact cuts a window longer than this")
     steps_max: int = schema.field(64, minimum=1, doc="the longest window (the learned horizon's ceiling)")
-    contact_threshold: float = schema.field(1.5, minimum=0.0, strict=True, doc="load [world weights] that cuts")
+    contact_threshold: float = schema.field(2.0, minimum=0.0, strict=True, doc="load [world weights] that cuts")
     horizon_init: float | None = schema.field(None, doc="the learned horizon's start (null: steps_min)")
     horizon_lr: float = schema.field(0.01, minimum=0.0, doc="the horizon's dual step size at the start")
     horizon_lr_min: float = schema.field(2.0e-4, minimum=0.0, doc="... decayed linearly to this")
@@ -75,9 +75,9 @@ class AHAC(SHAC):
     """AHAC's actor and critic (module docstring); SHAC's arguments, and:
 
     Args:
-        steps_min: A contact cuts a window of this many steps or more (8).
+        steps_min: A contact cuts a window of more than this many steps (8).
         steps_max: The learned horizon's ceiling (64), at most ``window``.
-        contact_threshold: The load, in the world's weight, above which a contact cuts (1.5).
+        contact_threshold: The load, in the world's weight, above which a contact cuts (2).
         horizon_init: The learned horizon's start (None: ``steps_min``, as AHAC's 8).
         horizon_lr: The dual step's size at the start (0.01); ``horizon_lr_min``: at the end.
         horizon_decay_iterations: Iterations over which the step size decays (the run's).
@@ -95,7 +95,7 @@ class AHAC(SHAC):
         window: int | str | None = 64,
         steps_min: int = 8,
         steps_max: int = 64,
-        contact_threshold: float = 1.5,
+        contact_threshold: float = 2.0,
         horizon_init: float | None = None,
         horizon_lr: float = 0.01,
         horizon_lr_min: float = 2.0e-4,
@@ -132,12 +132,26 @@ class AHAC(SHAC):
         self.horizon_start = float(start)
         self.critic_outputs = a.critic_heads
         self._extra: dict[int, dict[str, Any]] = {}
+        self._device: Any = None
 
     # -- state and buffers -----------------------------------------------------------------------
+
+    capture_note = (
+        "its critic's stopping rule is a device loop (wp.capture_while), which a CUDA graph runs only with "
+        "conditional nodes (CUDA toolkit and driver 12.4 or later)"
+    )
+
+    @property
+    def capturable(self) -> bool:
+        """Whether the iteration can be one captured graph here: on the CPU always; on CUDA where
+        Warp's graphs have conditional nodes (the critic's loop)."""
+        device = self._device
+        return device is None or device.is_cpu or wp.is_conditional_graph_supported()
 
     def state(self, env: Env) -> dict[str, wp.array]:
         """SHAC's state, and the learned horizon ``H``."""
         if not self._state:
+            self._device = wp.get_device(env.device)
             super().state(env)
             self._state["horizon"] = wp.full(1, self.horizon_start, dtype=wp.float32, device=env.device)
             self._ahac_scalars = wp.zeros(len(SCALARS), dtype=wp.float32, device=env.device)

@@ -48,7 +48,8 @@ def contact_cut(
     value_weight: wp.array2d(dtype=wp.float32),
 ):
     """After step ``t`` (its terminations marked): world ``w``'s gradient window ends there when it
-    has ``steps_min`` steps or more and the contact load after the step passes ``threshold``, or
+    has more than ``steps_min`` steps and the contact load after the step passes ``threshold`` (as
+    DiffRL's ``ahac1.py`` counts: its ``rollout_len >= steps_min`` before the step is counted), or
     when it has reached the learned horizon ``round(H)``. Not after the rollout's last step nor
     where the episode ends (the window ends there anyway). A cut ends the actor's sub-trajectory
     as a window's end does: the state after ``t`` is valued (``gamma^(k + 1)``), and the discount
@@ -58,7 +59,7 @@ def contact_cut(
     if t >= steps - 1 or done[t, w] != 0:
         return
     length = window_length(t, w, cut, done)
-    contact = length >= steps_min and load[t, w] > threshold
+    contact = length > steps_min and load[t, w] > threshold
     if not contact and length < horizon_steps(horizon[0], steps_min, steps_max):
         return
     cut[t, w] = 1
