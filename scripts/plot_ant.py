@@ -118,7 +118,7 @@ def main() -> None:
             colour = f"C{i}"
             label = f"{c['method']}, seed {c['seed']}: episodes from the env's starts"
             if c["iterations"] and c["planned_iterations"] and c["iterations"][-1] < c["planned_iterations"]:
-                label += f" (stopped at iteration {c['iterations'][-1]} of {c['planned_iterations']})"
+                label += f" (to iteration {c['iterations'][-1]} of {c['planned_iterations']})"
             ax.plot(c[x], c["return"], "o-", color=colour, label=label, markersize=4)
             if "held_out" in c and "episode_return" in c["held_out"]:
                 h = c["held_out"]

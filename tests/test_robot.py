@@ -314,6 +314,13 @@ def test_episode_figures_count_rewards_until_the_fall_and_the_forward_distance()
     assert found["fall_fraction"] == 0.5
     assert found["forward_speed"] == pytest.approx((2.0 - 1.0) / 2 / (steps * dt))
     assert found["episode_length"] == (4 + 2) / 2
+    assert "nonfinite_worlds" not in found
+    position[2:, 1] = np.nan  # world 1's simulation leaves finite numbers after its fall (env.nan_guard)
+    position[1, 1, 0] = -0.5
+    reward[3, 1] = np.nan
+    found = episode_figures(reward, terminated, position, np.zeros((2, 3)), np.array([1.0, 0.0, 0.0]), dt)
+    assert found["forward_speed"] == pytest.approx((2.0 - 0.5) / 2 / (steps * dt))  # its last finite position
+    assert found["episode_return"] == (8.0 + 4.0) / 2 and found["nonfinite_worlds"] == 1
 
 
 def _one_substep_jacobian(env: RobotEnv, collide: bool) -> tuple[np.ndarray, np.ndarray]:

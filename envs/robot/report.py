@@ -41,20 +41,28 @@ def episode_figures(
     ``episode_return`` (the summed rewards up to and including the step that ends the episode, mean
     over worlds), ``forward_speed`` (the root's forward displacement over the rollout's simulated
     time [m/s], mean over worlds), ``fall_fraction`` (the share of worlds whose episode ended early)
-    and ``episode_length`` (steps, mean)."""
+    and ``episode_length`` (steps, mean). A world whose simulation left finite numbers (a fallen
+    world under ``env.nan_guard``) counts with its last finite root position, and
+    ``nonfinite_worlds`` says how many did so (only where some did)."""
     steps = reward.shape[0]
     ended = terminated[:, :, 0] > 0.5
     fell = ended.any(axis=0)
     length = np.where(fell, ended.argmax(axis=0) + 1, steps)
     alive = np.arange(steps)[:, None] < length[None, :]
-    returns = (reward.sum(axis=2) * alive).sum(axis=0)
-    displacement = (root_position[-1] - start) @ forward
-    return {
+    returns = np.where(alive, reward.sum(axis=2), 0.0).sum(axis=0)  # (what follows the end counts nothing, nan too)
+    finite = np.isfinite(root_position).all(axis=2)  # (steps, worlds)
+    last = steps - 1 - np.argmax(finite[::-1], axis=0)  # each world's last finite step (0 if none)
+    final = root_position[last, np.arange(root_position.shape[1])]
+    displacement = np.nan_to_num(final - start) @ forward
+    found = {
         "episode_return": float(returns.mean()),
         "forward_speed": float(displacement.mean() / (steps * dt)),
         "fall_fraction": float(fell.mean()),
         "episode_length": float(length.mean()),
     }
+    if not finite[-1].all():
+        found["nonfinite_worlds"] = int((~finite[-1]).sum())
+    return found
 
 
 def drive_figures(drive: np.ndarray, terminated: np.ndarray) -> dict[str, Any]:
