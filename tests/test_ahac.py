@@ -243,7 +243,7 @@ def passes(task, env, script: wp.array, cap: int) -> None:
         wp.launch(ak.critic_stop, dim=1, inputs=[b.losses, ring, count, cap, 0.2], outputs=[go])
 
     wp.launch(ak.stop_start, dim=1, outputs=[count, go])
-    extra["fit"].fit_while(go, b.losses, update, after_epoch)
+    b.critic_fit.fit_while(go, b.losses, update, after_epoch)
 
 
 def test_one_captured_graph_runs_as_many_critic_passes_as_the_rule_decides():

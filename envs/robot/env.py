@@ -88,7 +88,9 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
         self._touching = wp.zeros((kept, self.model.body_count), dtype=wp.int32, device=self.device)
         # world-steps after which a root was nan or inf in the rollout so far (robot/nonfinite_steps, nan_guard)
         self.nonfinite = wp.zeros(1, dtype=wp.int32, device=self.device)
-        self._per_weight: float | None = None  # 1 / a world's weight (contact_load), on first use
+        layout_mass = self.model.body_mass.numpy()[: self.layout.body_count].astype(np.float64).sum()
+        gravity = float(np.linalg.norm(self.model.gravity.numpy().reshape(-1, 3)[0]))
+        self._per_weight = 1.0 / max(layout_mass * gravity, 1e-12)  # 1 / a world's weight (contact_load)
         self._write_host_starts(host_rng(cfg.seed))
         # one quiet world of its own (settle.py says why not this env's worlds)
         check_settles(cfg, lambda quiet: RobotEnv(quiet, device=self.device))
@@ -279,10 +281,6 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
         part of every contact's normal force (stiffness x depth, at the step's result, with the step's
         last collision's points, as :meth:`touching` reads them) summed over the world, in the world's
         weight (its mass x |gravity|): 1 for a robot at rest on the ground, more at an impact."""
-        if self._per_weight is None:
-            masses = self.model.body_mass.numpy()[: self.layout.body_count].astype(np.float64)
-            gravity = float(np.linalg.norm(self.model.gravity.numpy().reshape(-1, 3)[0]))
-            self._per_weight = 1.0 / max(masses.sum() * gravity, 1e-12)
         contacts = self.contacts[self.store(t)][-1]
         out.zero_()
         wp.launch(

@@ -175,7 +175,6 @@ class AHAC(SHAC):
             "go": wp.zeros(1, dtype=wp.int32, device=device),
             "sums": wp.zeros(self.ahac.steps_max, dtype=wp.float32, device=device),
             "counts": wp.zeros(self.ahac.steps_max, dtype=wp.float32, device=device),
-            "fit": None,
         }
         return found
 
@@ -220,9 +219,9 @@ class AHAC(SHAC):
         extra, a = self.extra(env), self.ahac
         targets = extra["targets"]
         wp.launch(ak.duplicate_targets, dim=targets.shape, inputs=[b.targets], outputs=[targets], device=env.device)
-        if extra["fit"] is None:
+        if b.critic_fit is None:  # the heads' targets, (rows, critic_heads)
             _, critic = self._nets(env.config)
-            extra["fit"] = Regression(critic, self._critic, b.inputs, targets, minibatches=self.args.critic_minibatches)
+            b.critic_fit = Regression(critic, self._critic, b.inputs, targets, minibatches=self.args.critic_minibatches)
         wp.launch(ak.stop_start, dim=1, outputs=[self._epochs, extra["go"]], device=env.device)
 
         def after_epoch() -> None:
@@ -232,7 +231,7 @@ class AHAC(SHAC):
                 outputs=[extra["go"]], device=env.device,
             )  # fmt: skip
 
-        extra["fit"].fit_while(extra["go"], b.losses, lambda: step.apply("critic"), after_epoch)
+        b.critic_fit.fit_while(extra["go"], b.losses, lambda: step.apply("critic"), after_epoch)
 
     def _after_critic(self, step: Any, env: Env, b: _Window) -> None:
         extra, a = self.extra(env), self.ahac
