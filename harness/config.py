@@ -826,6 +826,7 @@ ADDED_FIELDS = {
     "env.height_scale": lambda now: _select(now, "env.height_scale") == 1.0,
     "env.nan_guard": lambda now: _select(now, "env.nan_guard") is False,
     "task.auto": lambda now: _select(now, "task.window") != "auto",
+    "env.recenter": lambda now: True,
 }
 """Config keys added after checkpoints were written, and when the current config's value does
 what the checkpoint's run did without the key (an open-loop run without initial noise does not
@@ -834,7 +835,10 @@ robot does not read the drive's settings, and a drive limited at inf is the driv
 limits; cylinders left as cylinders; the file's joint springs, the limit damping past a limit
 only, a shaped height's bonus at 1 x the height, no guard against a world's non-finite numbers, SHAC's
 window fixed): a checkpoint that lacks such a key resumes
-under that condition."""
+under that condition. ``env.recenter`` moves a world by whole metres, the same dynamics and loss
+either way: a checkpoint from before it resumes with it on or off (on: its carried states come
+back near the origin at the first reset, a continuous run though not bit for bit the one it was;
+``harness.training.state.ADDED_ARRAYS``)."""
 
 AS_WRITTEN = {"env.effort_limit": "[inf]", "env.velocity_limit": "[inf]"}
 """Added keys whose null now means something a checkpoint without them did not do (a drive

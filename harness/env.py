@@ -588,6 +588,11 @@ class Renderable(abc.ABC):
     def state(self, t: int) -> Any:
         """The Newton ``State`` holding the simulation after ``t`` steps."""
 
+    def body_offsets(self, state: Any) -> Any:
+        """What to add to each body's position in ``state`` for where it is (``(body_count, 3)``, an env
+        that moves its worlds toward the origin: the robot env's ``recenter``); None: nothing."""
+        return None
+
 
 class Plant(abc.ABC):
     """Role: a real system beside the rollouts (``task=mpc``). The rollouts plan from its current

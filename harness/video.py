@@ -80,12 +80,19 @@ def sample_frames(env: Any, task: Any, params: Any, steps: list[int]) -> tuple[F
     # solver's initial State holds joint_q only, its body_q is not yet computed.
     posed = model.state() if model.joint_count else None
 
+    offsets = getattr(env, "body_offsets", lambda _state: None)  # Renderable.body_offsets: moved worlds
+
     def grab(state: Any) -> None:
         if posed is not None:
             newton.eval_fk(model, state.joint_q, state.joint_qd, posed)
-            bodies.append(posed.body_q.numpy().copy())
+            frame = posed.body_q.numpy().copy()
         elif model.body_count:
-            bodies.append(state.body_q.numpy().copy())
+            frame = state.body_q.numpy().copy()
+        if model.body_count:
+            shift = offsets(state)
+            if shift is not None:
+                frame[:, :3] += shift
+            bodies.append(frame)
         if model.particle_count:
             particles.append(state.particle_q.numpy().copy())
 

@@ -233,6 +233,13 @@ class RobotConfig(NewtonEnvConfig):
         doc="a world whose simulation goes non-finite keeps it to itself (DiffRL's nan_state_fix, its Humanoid's): "
         "its step's reward is 0, and nan or inf in the adjoint leaving each step becomes 0",
     )
+    recenter: float = field(
+        0.0,
+        minimum=0.0,
+        doc="after every control step, move each world's floating base back toward the origin along the ground "
+        "by whole multiples of this [m] (0: never; 1: whole metres, exact in float32): 100 m out float32 "
+        "loses the contact arithmetic's precision. Reported, observed and rendered positions add the offset back",
+    )
 
     def check(self) -> None:
         if self.mass_matrix_every > self.substeps:

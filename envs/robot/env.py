@@ -82,6 +82,10 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
         self.substeps = Substeps(
             self.solver, self.new_state, kept=kept, substeps=cfg.substeps, mass_matrix_every=cfg.mass_matrix_every
         )
+        # env.recenter: per step kept, the State the last substep writes, before recenter moves it into
+        # state(t + 1) (out of place: the solver's adjoint reads the poses it wrote)
+        self._raw = [self.new_state() for _ in range(kept)] if cfg.recenter > 0 else []
+        self._no_offset = wp.empty(0, dtype=wp.float32, device=self.device)  # the kernels' root_offset without it
         self.collide_at = [k for k in range(cfg.substeps) if k % cfg.collide_every == 0]
         self.contacts = [[self.pipeline.contacts() for _ in self.collide_at] for _ in range(kept)]
         # per step kept: which bodies touch the ground after the step (contact_mask; gradcheck's phases)
@@ -105,10 +109,20 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
             self.world_count * len(self.layout.actuated_dofs), dtype=wp.float32, device=self.device,
             requires_grad=requires_grad,
         )  # fmt: skip
+        if self.config.recenter > 0:  # how far recenter has moved each world along the ground (x, y, z) [m]
+            state.root_offset = wp.zeros(self.world_count * 3, dtype=wp.float32, device=self.device,
+                                         requires_grad=requires_grad)  # fmt: skip
         return state
 
     def build_model(self) -> newton.Model:
         self.layout = self.config.layout()
+        if self.config.recenter > 0:
+            if not self.layout.root_free:
+                raise model.RobotFileError(
+                    f"env.recenter: '{self.config.asset}' has no floating base to move (its root body moves on "
+                    "joints of its own); accepted: 0 (never)"
+                )
+            self.state_fields = (*type(self).state_fields, "root_offset")  # carried, restarted, checkpointed
         built = model.build(self.config, self.layout, self.world_count, self.device)
         self.pipeline, self.kd_depth, self.base_q = built.pipeline, built.kd_depth, built.base_q
         return built.model
@@ -202,6 +216,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
         self.initial["joint_qd"].assign(qd.astype(np.float32).ravel())
         self.initial["prev_action"].zero_()
         self.initial["alive"].fill_(1.0)
+        if cfg.recenter > 0:
+            self.initial["root_offset"].zero_()
 
     def draw_initial(self, key: wp.array) -> None:
         self.keep_built_initial()
@@ -215,12 +231,17 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
                      self.initial["alive"]],
             device=self.device,
         )  # fmt: skip
+        if cfg.recenter > 0:  # a fresh start is where the env's starts are: unmoved
+            self.initial["root_offset"].zero_()
 
     # -- one rollout -------------------------------------------------------------------------------
 
     def reset(self) -> None:
         super().reset()
         self.nonfinite.zero_()
+        if self.config.recenter > 0:  # a state carried from far out (a checkpoint from before env.recenter)
+            first = self.state(0)
+            self._recenter(first, first, record=False)  # in place, unrecorded: _pose recomputes the poses
         self._pose(self.state(0))
 
     def restart(self, t: int, done: wp.array, key: wp.array) -> None:
@@ -249,8 +270,9 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
         if cfg.nan_guard:  # the action act(t) wrote: the step's, and the previous action of state t + 1
             self._guard_adjoint(source, [self._action_out[4][slot], last.prev_action])
         contacts = None
+        raw = self._raw[slot] if cfg.recenter > 0 else last  # the last substep's result
         for k in range(cfg.substeps):
-            target = self.substeps.target(slot, k, last)
+            target = self.substeps.target(slot, k, raw)
             if k % cfg.collide_every == 0:
                 contacts = self.contacts[slot][k // cfg.collide_every]
                 self.pipeline.collide(source, contacts)
@@ -262,6 +284,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
                 self._damp(source, contacts)
             self.solver.step(source, target, self.controls[slot], contacts, self.substep_dt)
             source = target
+        if cfg.recenter > 0:
+            self._recenter(raw, last, offset=self.current(t).root_offset)
         touching = self._touching[slot]
         if self.model.body_count != self.world_count * self.layout.body_count:  # bodies survive does not clear
             touching.zero_()
@@ -272,8 +296,24 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
         # marks without a gradient: not on the tape (no adjoint launch)
         wp.launch(
             kernels.mark_contacts, dim=contacts.rigid_contact_max,
-            inputs=[last.body_q, kernels.contact_set(self.model, contacts)], outputs=[touching], device=self.device,
+            inputs=[raw.body_q, kernels.contact_set(self.model, contacts)], outputs=[touching], device=self.device,
             record_tape=False,
+        )  # fmt: skip
+
+    def _recenter(self, source: newton.State, target: newton.State, *, offset: wp.array | None = None,
+                  record: bool = True) -> None:  # fmt: skip
+        """``env.recenter``: ``target`` is ``source`` with each world moved along the ground toward the
+        origin by a whole multiple of ``env.recenter`` (:func:`~envs.robot.kernels.recenter`), its
+        ``root_offset`` the offset ``source`` had (or ``offset``) plus the move."""
+        layout, up = self.layout, "xyz".index(self.config.up_axis)
+        ground = wp.vec3(*(0.0 if d == up else 1.0 for d in range(3)))
+        wp.launch(
+            kernels.recenter, dim=self.world_count,
+            inputs=[source.joint_q, source.joint_qd, source.body_q, source.body_qd,
+                    source.root_offset if offset is None else offset, wp.vec3i(*layout.root_translation), ground,
+                    float(self.config.recenter), layout.coord_count, layout.dof_count, layout.body_count],
+            outputs=[target.joint_q, target.joint_qd, target.body_q, target.body_qd, target.root_offset],
+            device=self.device, record_tape=record,
         )  # fmt: skip
 
     def contact_load(self, t: int, out: wp.array) -> None:
@@ -282,10 +322,13 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
         last collision's points, as :meth:`touching` reads them) summed over the world, in the world's
         weight (its mass x |gravity|): 1 for a robot at rest on the ground, more at an impact."""
         contacts = self.contacts[self.store(t)][-1]
+        posed = (
+            self._raw[self.store(t)] if self.config.recenter > 0 else self.state(t + 1)
+        )  # where the contacts were made
         out.zero_()
         wp.launch(
             kernels.contact_load, dim=contacts.rigid_contact_max,
-            inputs=[self.state(t + 1).body_q, kernels.contact_set(self.model, contacts), self.model.shape_material_ke,
+            inputs=[posed.body_q, kernels.contact_set(self.model, contacts), self.model.shape_material_ke,
                     self.model.body_world, self._per_weight],
             outputs=[out], device=self.device, record_tape=False,
         )  # fmt: skip
@@ -346,8 +389,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
                     self._limit_coords, self._lower, self._upper, layout.root_body, layout.body_count,
                     layout.coord_count, len(layout.actuated_dofs), self._up, self._forward, cfg.height_reference,
                     cfg.height_cap, cfg.height_penalty, cfg.height_scale, self._termination, int(cfg.nan_guard),
-                    self.current(t).alive,
-                    self.segment_base, row - self._base],
+                    self.current(t).alive, self._offset(state), self.segment_base, row - self._base],
             outputs=[self.observed["reward"], self.observed["root_position"], self.observed["terminated"]],
             device=self.device,
         )  # fmt: skip
@@ -370,9 +412,14 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
             kernels.observe, dim=(self.world_count, self._obs_codes.shape[0]),
             inputs=[state.joint_q, state.joint_qd, state.body_q, state.body_qd, state.prev_action, self._obs_codes,
                     self._obs_index, self._obs_scale, layout.root_body, layout.body_count, layout.coord_count,
-                    layout.dof_count, len(layout.actuated_dofs), self._up, self._forward, int(self.config.nan_guard)],
+                    layout.dof_count, len(layout.actuated_dofs), self._up, self._forward, int(self.config.nan_guard),
+                    self._offset(state)],
             outputs=[out], device=self.device,
         )  # fmt: skip
+
+    def _offset(self, state: newton.State) -> wp.array:
+        """A State's ``root_offset`` under ``env.recenter`` (what the kernels add to a position), else empty."""
+        return state.root_offset if self.config.recenter > 0 else self._no_offset
 
     def terminated(self, t: int, out: wp.array) -> None:
         # flags without a gradient: not on the tape (no adjoint launch)
@@ -391,7 +438,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
 
     def step_arrays(self) -> list[wp.array]:
         targets = [] if self.joint_target_q is None else [self.joint_target_q, self._drive_f]
-        return [self.joint_f, *targets, *self.substeps.arrays()]
+        raw = [value for state in self._raw for value in vars(state).values() if isinstance(value, wp.array)]
+        return [self.joint_f, *targets, *self.substeps.arrays(), *raw]
 
     # -- what a run reports ------------------------------------------------------------------------
 
@@ -403,6 +451,8 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
             return {}
         q0 = self.initial["joint_q"].numpy().reshape(self.world_count, -1).astype(np.float64)
         start = q0[:, 0:3] if self.layout.root_free else trajectory["root_position"].numpy()[0].astype(np.float64)
+        if self.config.recenter > 0:
+            start = start + self.initial["root_offset"].numpy().reshape(self.world_count, 3)
         reward = trajectory["reward"].numpy().astype(np.float64)
         found = episode_figures(
             reward, trajectory["terminated"].numpy(), trajectory["root_position"].numpy().astype(np.float64), start,
@@ -434,12 +484,27 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
         step's result (the distance newton's contact force reads)."""
         return self._touching.numpy().reshape(self.steps_kept, self.world_count, -1) > 0
 
+    def body_offsets(self, state: newton.State) -> np.ndarray | None:
+        """``env.recenter``: what to add to each body's position in ``state`` for where it is
+        (``(body_count, 3)``: its world's ``root_offset``); None without it."""
+        if self.config.recenter <= 0:
+            return None
+        found = np.zeros((self.model.body_count, 3), dtype=np.float32)
+        per_world = np.repeat(state.root_offset.numpy().reshape(self.world_count, 3), self.layout.body_count, axis=0)
+        found[: per_world.shape[0]] = per_world
+        return found
+
     def blowup(self) -> str | None:
         """Where the latest rollout left finite numbers: the first step (of the rollout's States kept)
         with a body :func:`~envs.robot.report.blown_up`, with the body and world; None when every
         State is finite and near."""
         for k, state in enumerate(self.states[1:], start=1):
-            found = blown_up(state.body_q.numpy(), self.world_count, self.layout.body_count)
+            poses = state.body_q.numpy()
+            shift = self.body_offsets(state)
+            if shift is not None:
+                poses = poses.copy()
+                poses[:, :3] += shift
+            found = blown_up(poses, self.world_count, self.layout.body_count)
             if found is not None:
                 world, body = found
                 return (

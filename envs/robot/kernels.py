@@ -226,10 +226,12 @@ def observe(
     up: wp.vec3,
     forward: wp.vec3,
     guard: int,
+    root_offset: wp.array(dtype=wp.float32),
     out: wp.array2d(dtype=wp.float32),
 ):
     # One column of one world's observation: the piece `codes[c]`, its entry `index[c]`; 0 for a
-    # world whose root is not finite under env.nan_guard (nothing of its state read, so no gradient)
+    # world whose root is not finite under env.nan_guard (nothing of its state read, so no gradient).
+    # root_offset: env.recenter's per-world shift (3 per world; empty without it), added to the position
     w, c = wp.tid()
     code, i = codes[c], index[c]
     X = body_q[w * body_count + root]
@@ -242,6 +244,8 @@ def observe(
         value = wp.dot(wp.transform_get_translation(X), up)
     elif code == Piece.ROOT_POSITION:
         value = wp.transform_get_translation(X)[i]
+        if root_offset.shape[0] > 0:
+            value = value + root_offset[w * 3 + i]
     elif code == Piece.ROOT_ROTATION:
         value = wp.transform_get_rotation(X)[i]
     elif code == Piece.ROOT_LINEAR_VELOCITY:
@@ -301,6 +305,7 @@ def record(
     rule: Termination,
     guard: int,
     alive: wp.array(dtype=wp.float32),
+    root_offset: wp.array(dtype=wp.float32),
     base: wp.array(dtype=wp.int32),
     offset: int,
     reward: wp.array3d(dtype=wp.float32),
@@ -309,7 +314,8 @@ def record(
 ):
     # Row base[0] + offset of the step's observables, for one world: every weighted reward term
     # (0 once the world's episode has ended before the step: alive), the root's position, and
-    # whether the state ends the episode (no gradient through that).
+    # whether the state ends the episode (no gradient through that). The position adds env.recenter's
+    # per-world shift (root_offset, 3 per world; empty without it).
     w = wp.tid()
     row = base[0] + offset
     X = body_q[w * body_count + root]
@@ -347,8 +353,74 @@ def record(
             value = 0.0  # env.nan_guard: a world whose state went non-finite is rewarded 0 for the step
         reward[row, w, k] = weights[k] * value * alive[w]
     for d in range(3):
-        root_position[row, w, d] = p[d]
+        shift = wp.float32(0.0)
+        if root_offset.shape[0] > 0:
+            shift = root_offset[w * 3 + d]
+        root_position[row, w, d] = p[d] + shift
     terminated[row, w, 0] = wp.where(ends(X, rule), 1.0, 0.0)
+
+
+# -- recentring (env.recenter) ----------------------------------------------------------------------
+
+
+@wp.func
+def ground_shift(x: float, on: float, grid: float) -> float:
+    """The whole multiple of ``grid`` nearest ``x`` along a ground axis (``on`` 1), else 0 (``on`` 0, or
+    ``x`` not finite)."""
+    if on == 0.0 or not wp.isfinite(x):
+        return 0.0
+    return grid * wp.rint(x / grid)
+
+
+@wp.kernel
+def recenter(
+    joint_q: wp.array(dtype=wp.float32),
+    joint_qd: wp.array(dtype=wp.float32),
+    body_q: wp.array(dtype=wp.transform),
+    body_qd: wp.array(dtype=wp.spatial_vector),
+    offset: wp.array(dtype=wp.float32),
+    translation: wp.vec3i,
+    ground: wp.vec3,
+    grid: float,
+    coord_count: int,
+    dof_count: int,
+    body_count: int,
+    out_q: wp.array(dtype=wp.float32),
+    out_qd: wp.array(dtype=wp.float32),
+    out_body_q: wp.array(dtype=wp.transform),
+    out_body_qd: wp.array(dtype=wp.spatial_vector),
+    out_offset: wp.array(dtype=wp.float32),
+):
+    # One world's state moved along the ground (`ground`: 1 on the two ground axes) by the whole
+    # multiple of `grid` nearest its floating base's position (`translation`: that position's three
+    # coordinates in the world's block of joint_q): the coordinates and every body's pose shifted, the
+    # twists copied (translation-invariant), the shift added to the world's offset. A coordinate that
+    # is not finite is not moved. The shift carries no gradient (rint's derivative is 0), so the
+    # adjoint is the identity from each output to its input. Out of place: the solver's adjoint
+    # replays reads of the unshifted poses it wrote.
+    w = wp.tid()
+    s = wp.vec3(
+        ground_shift(joint_q[w * coord_count + translation[0]], ground[0], grid),
+        ground_shift(joint_q[w * coord_count + translation[1]], ground[1], grid),
+        ground_shift(joint_q[w * coord_count + translation[2]], ground[2], grid),
+    )
+    for i in range(coord_count):
+        value = joint_q[w * coord_count + i]
+        if i == translation[0]:
+            value = value - s[0]
+        elif i == translation[1]:
+            value = value - s[1]
+        elif i == translation[2]:
+            value = value - s[2]
+        out_q[w * coord_count + i] = value
+    for i in range(dof_count):
+        out_qd[w * dof_count + i] = joint_qd[w * dof_count + i]
+    for b in range(body_count):
+        X = body_q[w * body_count + b]
+        out_body_q[w * body_count + b] = wp.transform(wp.transform_get_translation(X) - s, wp.transform_get_rotation(X))
+        out_body_qd[w * body_count + b] = body_qd[w * body_count + b]
+    for d in range(3):
+        out_offset[w * 3 + d] = offset[w * 3 + d] + s[d]
 
 
 # -- contacts ---------------------------------------------------------------------------------------

@@ -102,6 +102,7 @@ class RobotLayout:
     root_q_coords: tuple[int, ...] = ()  # its coordinates but the slides along the ground (piece root_q)
     root_slides: tuple[int, ...] = ()  # a root that is not a floating base: its slides' coordinates
     root_hinges: tuple[int, ...] = ()  # ... and its hinges' (start noise: position, rotation)
+    root_translation: tuple[int, ...] = ()  # a floating base: its position's three coordinates (env.recenter)
 
     def piece_width(self, piece: str) -> int:
         widths = {
@@ -388,6 +389,7 @@ def _root_coordinates(
     found: dict[str, tuple[int, ...]] = {"root_dofs": tuple(dofs)}
     if free:
         found["root_q_coords"] = (coords[up], *coords[3:7])
+        found["root_translation"] = tuple(coords[0:3])
     elif len(coords) == len(dofs):  # one coordinate per dof: the slides first, then the hinges
         linear = int(builder.joint_dof_dim[joint][0])
         turn = builder.joint_X_p[joint][3:7]  # the joint frame's rotation in its parent (the world)

@@ -60,7 +60,7 @@ def settle(cfg: RobotConfig, build: Callable[[RobotConfig], Any]) -> str | None:
     ``build`` makes the env of the one quiet world from its config (the caller's env class)."""
     quiet = dataclasses.replace(
         cfg, world_count=1, horizon=1, settle_time=0.0, seed=0, noise_position=0.0, noise_rotation=0.0,
-        noise_joint_q=0.0, noise_joint_qd=0.0,
+        noise_joint_q=0.0, noise_joint_qd=0.0, recenter=0.0,
     )  # fmt: skip
     key = (repr(quiet), asset_path(cfg.asset), cfg.settle_time)
     if key in _SETTLED:

@@ -40,6 +40,11 @@ RENAMED_ARRAYS = {
 """Checkpoint arrays written under an older layout (the non-finite counters were the clip
 policy's before they became the wrapper's), read under their current names."""
 
+ADDED_ARRAYS = ("task/carried/root_offset",)
+"""Arrays a checkpoint from before them lacks, whose freshly made value is what that run had:
+``env.recenter``'s per-world offsets (0: no world moved yet; a run that turns it on at resume,
+``harness.config.ADDED_FIELDS``)."""
+
 
 class TrainState:
     """The groups' parameters and update states plus what the task carries, all on the device.
@@ -105,6 +110,9 @@ class TrainState:
         """
         current = {RENAMED_ARRAYS.get(key, key): value for key, value in saved.items()}
         mine = self.arrays()
+        for key in ADDED_ARRAYS:  # a checkpoint from before them: keep the fresh value
+            if key in mine and key not in current:
+                current[key] = mine[key].numpy()
         if task_keys is not None:
             keep = {f"task/{key}" for key in task_keys}
             mine = {k: v for k, v in mine.items() if not k.startswith("task/") or k in keep}
