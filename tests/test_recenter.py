@@ -26,7 +26,7 @@ from tests.test_robot import QUICK, check_resume
 
 REWARD = {"reward": {"source": "reward", "kind": "reward"}}
 HORIZON = 5
-FINE = 2.0**-9  # a grid small enough that the Ant's worlds move at every step of a short rollout
+FINE = 2.0**-12  # a grid small enough that the Ant's worlds move at every step of a short rollout
 
 
 def open_loop(*overrides: str):
@@ -49,11 +49,15 @@ def place(env, x: tuple[float, float]) -> None:
     env.initial["joint_qd"].assign(qd.ravel())
 
 
-def taped(*overrides: str, x: tuple[float, float]):
+def taped(*overrides: str, x: tuple[float, float], loss: WeightedLoss | None = None):
     """The actions' gradient ``(steps, worlds, actions)``, the trajectory (host copies) and the env,
-    both worlds' actions the same."""
+    both worlds' actions the same (``loss``: the run's, the reward, by default)."""
     t = open_loop(*overrides)
-    env, params, loss = t.env, t.params, t.step.loss
+    env, params = t.env, t.params
+    if loss is None:
+        loss = t.step.loss
+    else:
+        loss.bind(env.observables, device=env.device)
     place(env, x)
     actions = params.data.numpy().reshape(HORIZON, 2, -1)
     actions[:, 0] = actions[:, 1] = np.random.default_rng(0).uniform(-1, 1, actions[:, 0].shape)
@@ -94,13 +98,30 @@ def test_moves_at_every_step_change_the_loss_the_gradient_and_the_path_by_roundi
     moved, moved_path, env = taped(f"env.recenter={FINE}", x=x)
     plain, plain_path, _ = taped(x=x)
     offsets = env.state(HORIZON).root_offset.numpy().reshape(2, 3)
-    assert (np.abs(offsets[:, 0]) > 0.2).all() and (offsets[:, 2] == 0).all()  # moved along x and y, never up
+    assert (np.abs(offsets[:, :2]) > 0).all() and (offsets[:, 2] == 0).all()  # moved along x and y, never up
+    moves = [env.state(k + 1).root_offset.numpy() - env.state(k).root_offset.numpy() for k in range(HORIZON)]
+    assert sum(bool(m.any()) for m in moves) >= HORIZON - 1  # the taped kernel moved them, step after step
     final_x = env.state(HORIZON).joint_q.numpy().reshape(2, -1)[:, 0]
     assert (np.abs(final_x) <= FINE / 2).all()  # each world ends within half a grid of the origin
     np.testing.assert_allclose(moved_path["root_position"], plain_path["root_position"], rtol=0, atol=1e-6)
     np.testing.assert_allclose(moved_path["reward"], plain_path["reward"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(moved, plain, rtol=0, atol=1e-4 * np.abs(plain).max())
     assert np.abs(plain).max() > 0
+
+
+def test_a_loss_on_the_reported_position_differentiates_the_simulated_one_only():
+    """The offset a position adds carries no gradient: the actions' gradient of a loss on the
+    ``root_position`` observable is the one without recentring (to rounding), and no State's offset
+    holds an adjoint (SHAC's cut and adjoint clipping read the state's adjoint norms): none reaches
+    the initial state's."""
+    loss = WeightedLoss({"position": {"source": "root_position"}})
+    moved, _, env = taped(f"env.recenter={FINE}", x=(0.25, 0.5), loss=loss)
+    plain, _, _ = taped(x=(0.25, 0.5), loss=loss)
+    np.testing.assert_allclose(moved, plain, rtol=0, atol=1e-4 * np.abs(plain).max())
+    assert np.abs(plain).max() > 0
+    # (an offset's adjoint would reach the initial state's through the moves and the reset's copy)
+    assert not env.initial["root_offset"].grad.numpy().any()
+    assert env.initial["joint_q"].grad.numpy().any()
 
 
 def test_the_tape_matches_central_differences_while_the_worlds_move():
@@ -112,7 +133,7 @@ def test_the_tape_matches_central_differences_while_the_worlds_move():
         env, WeightedLoss(REWARD), samples=8, tolerance=env.config.gradcheck_tolerance(), seed=0, device="cpu",
         task=OpenLoop(init_noise=0.5, seed=0), eps=cfg.gradcheck.eps,
     )  # fmt: skip
-    assert np.abs(env.state(8).root_offset.numpy()).max() > 0  # the worlds did move
+    assert not np.array_equal(env.state(8).root_offset.numpy(), env.state(0).root_offset.numpy())  # moved on the way
     assert result.passed, result.table
 
 
@@ -123,7 +144,8 @@ def test_a_captured_rollout_equals_the_eager_one_while_the_worlds_move():
     env = build.build_env(cfg, "cpu", None, None)
     place(env, (10.25, -3.5))
     check_capture(env, WeightedLoss(REWARD), OpenLoop(init_noise=0.5), device="cpu")
-    assert np.abs(env.state(3).root_offset.numpy()).max() > 3  # moved at the reset and on
+    assert np.abs(env.state(0).root_offset.numpy()).max() == 10.25  # moved at the reset
+    assert not np.array_equal(env.state(3).root_offset.numpy(), env.state(0).root_offset.numpy())  # and on
 
 
 def test_a_render_and_evaluations_figures_see_where_the_worlds_are():
@@ -181,19 +203,21 @@ def test_a_checkpoint_from_before_recenter_resumes_with_it_on(tmp_path):
     saved["env"].pop("recenter")
     check_resume(saved, cfg, None, tmp_path)
     # its arrays lack the carried offsets: they load as 0 (nothing moved yet); any other gap is refused
-    run, choices = config.compose_config(
-        "train",
-        ["+env=ant", "task=shac", "env.world_count=2", "task.window=3", "task.critic_minibatches=2", "env.recenter=1",
-         *QUICK],
-    )  # fmt: skip
-    state = build.build_run(run, choices).trainer().step.state
-    arrays = state.to_numpy()
-    assert "task/carried/root_offset" in arrays
-    old = {key: value for key, value in arrays.items() if key != "task/carried/root_offset"}
-    state.load(old)
-    assert not state.arrays()["task/carried/root_offset"].numpy().any()
-    with pytest.raises(ValueError, match="task/obs_mean"):
-        state.load({key: value for key, value in old.items() if key != "task/obs_mean"})
+    tasks = {"task/carried/root_offset": ["task=shac", "task.window=3", "task.critic_minibatches=2"],
+             "task/root_offset": ["task=policy", "task.window=3", "env.horizon=6"]}  # fmt: skip
+    for key, task in tasks.items():
+        run, choices = config.compose_config(
+            "train", ["+env=ant", *task, "env.world_count=2", "env.recenter=1", "env.settle_time=0"]
+        )
+        state = build.build_run(run, choices).trainer().step.state
+        arrays = state.to_numpy()
+        assert key in arrays
+        old = {name: value for name, value in arrays.items() if name != key}
+        state.load(old)
+        assert not state.arrays()[key].numpy().any()
+        other = next(name for name in old if name.startswith("task/") and name != key)
+        with pytest.raises(ValueError, match=other):
+            state.load({name: value for name, value in old.items() if name != other})
 
 
 def test_a_robot_without_a_floating_base_refuses_recenter_in_one_line(tmp_path):
@@ -201,6 +225,26 @@ def test_a_robot_without_a_floating_base_refuses_recenter_in_one_line(tmp_path):
     assert_clean_rejection(proc, "env.recenter", "accepted: 0", tmp_path)
 
 
-def test_a_negative_recenter_is_refused_in_one_line(tmp_path):
-    proc = train(["+env=ant", "env.recenter=-1", "iterations=1"], tmp_path)
-    assert_clean_rejection(proc, "env.recenter", ">= 0", tmp_path)
+@pytest.mark.parametrize(
+    ("value", "accepted"), [("-1", ">= 0"), ("0.3", "a whole number of metres, or a power of two")],
+    ids=["negative", "inexact"],
+)  # fmt: skip
+def test_a_bad_recenter_is_refused_in_one_line(tmp_path, value, accepted):
+    proc = train(["+env=ant", f"env.recenter={value}", "iterations=1"], tmp_path)
+    assert_clean_rejection(proc, "env.recenter", accepted, tmp_path)
+
+
+def test_a_second_floating_body_is_refused():
+    """A world with another floating body: recentring the root alone would move it against the rest."""
+    import newton
+
+    from envs.robot.layout import _recenter_blocker
+
+    builder = newton.ModelBuilder()
+    for _ in range(2):
+        body = builder.add_body()
+        builder.add_shape_sphere(body, radius=0.1)
+    free = [j for j, kind in enumerate(builder.joint_type) if int(kind) == int(newton.JointType.FREE)]
+    assert len(free) == 2
+    assert "2 floating bodies" in _recenter_blocker(builder, free[0], True, free)
+    assert "no floating base" in _recenter_blocker(builder, None, False, [])

@@ -242,6 +242,11 @@ class RobotConfig(NewtonEnvConfig):
     )
 
     def check(self) -> None:
+        if self.recenter > 0 and not (float(self.recenter).is_integer() or math.log2(self.recenter).is_integer()):
+            raise ValueError(
+                f"recenter: {self.recenter} m is not exact in float32 (the offsets would drift); accepted: 0 "
+                "(never), a whole number of metres, or a power of two (0.5, 0.25, ...)"
+            )
         if self.mass_matrix_every > self.substeps:
             raise ValueError(
                 f"mass_matrix_every: {self.mass_matrix_every} is above substeps={self.substeps}; "

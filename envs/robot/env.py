@@ -86,6 +86,7 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
         # state(t + 1) (out of place: the solver's adjoint reads the poses it wrote)
         self._raw = [self.new_state() for _ in range(kept)] if cfg.recenter > 0 else []
         self._no_offset = wp.empty(0, dtype=wp.float32, device=self.device)  # the kernels' root_offset without it
+        self._offset_views: dict[int, tuple[Any, wp.array]] = {}  # _offset's views, per State
         self.collide_at = [k for k in range(cfg.substeps) if k % cfg.collide_every == 0]
         self.contacts = [[self.pipeline.contacts() for _ in self.collide_at] for _ in range(kept)]
         # per step kept: which bodies touch the ground after the step (contact_mask; gradcheck's phases)
@@ -117,10 +118,9 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
     def build_model(self) -> newton.Model:
         self.layout = self.config.layout()
         if self.config.recenter > 0:
-            if not self.layout.root_free:
+            if self.layout.recenter_blocker is not None:
                 raise model.RobotFileError(
-                    f"env.recenter: '{self.config.asset}' has no floating base to move (its root body moves on "
-                    "joints of its own); accepted: 0 (never)"
+                    f"env.recenter: '{self.config.asset}' {self.layout.recenter_blocker}; accepted: 0 (never)"
                 )
             self.state_fields = (*type(self).state_fields, "root_offset")  # carried, restarted, checkpointed
         built = model.build(self.config, self.layout, self.world_count, self.device)
@@ -418,8 +418,17 @@ class RobotEnv(NewtonEnv, PolicyEnv, DrawsStarts, Restarts, ContactLoad, Termina
         )  # fmt: skip
 
     def _offset(self, state: newton.State) -> wp.array:
-        """A State's ``root_offset`` under ``env.recenter`` (what the kernels add to a position), else empty."""
-        return state.root_offset if self.config.recenter > 0 else self._no_offset
+        """A State's ``root_offset`` under ``env.recenter`` (what the kernels add to a position), else
+        empty: a view of its memory without a gradient, so a loss on the reported or observed position
+        differentiates the simulated one only, as without recentring."""
+        if self.config.recenter <= 0:
+            return self._no_offset
+        found = self._offset_views.get(id(state))
+        if found is None:
+            offset = state.root_offset
+            view = wp.array(ptr=offset.ptr, dtype=offset.dtype, shape=offset.shape, device=offset.device)
+            found = self._offset_views[id(state)] = (state, view)  # (the State kept: its id stays its own)
+        return found[1]
 
     def terminated(self, t: int, out: wp.array) -> None:
         # flags without a gradient: not on the tape (no adjoint launch)

@@ -103,6 +103,7 @@ class RobotLayout:
     root_slides: tuple[int, ...] = ()  # a root that is not a floating base: its slides' coordinates
     root_hinges: tuple[int, ...] = ()  # ... and its hinges' (start noise: position, rotation)
     root_translation: tuple[int, ...] = ()  # a floating base: its position's three coordinates (env.recenter)
+    recenter_blocker: str | None = None  # why env.recenter cannot move this robot (None: it can)
 
     def piece_width(self, piece: str) -> int:
         widths = {
@@ -364,6 +365,7 @@ def _layout(builder: Any, cfg: FileChoices) -> RobotLayout:
     lower = tuple(joint_limit(builder.joint_limit_lower[d]) for _, d in scalar)
     upper = tuple(joint_limit(builder.joint_limit_upper[d]) for _, d in scalar)
     root = _root_coordinates(builder, cfg, root_joint, root_free, root_coords, root_dofs)
+    root["recenter_blocker"] = _recenter_blocker(builder, root_joint, root_free, free)
     return RobotLayout(
         joint_names=joint_names, body_names=body_names, root_body=root_body, root_free=root_free,
         coord_count=coord_count, dof_count=dof_count, body_count=builder.body_count, shape_count=builder.shape_count,
@@ -374,6 +376,24 @@ def _layout(builder: Any, cfg: FileChoices) -> RobotLayout:
         joint_dofs=joint_dofs, scalar_joints=scalar,
         lower=lower, upper=upper, **root,
     )  # fmt: skip
+
+
+def _recenter_blocker(builder: Any, joint: int | None, free: bool, floating: list[int]) -> str | None:
+    """Why ``env.recenter`` cannot move the robot by its root's coordinates alone: a root that is not
+    a floating base, another floating body (its coordinates would stay where they are), a floating
+    base whose joint frame is turned in the world (its coordinates are not along the world's axes)."""
+    import newton
+
+    if not free:
+        return "has no floating base to move (its root body moves on joints of its own)"
+    others = [j for j, kind in enumerate(builder.joint_type)
+              if int(kind) in (int(newton.JointType.FREE), int(newton.JointType.DISTANCE)) and j != joint]  # fmt: skip
+    if others:
+        return f"has {len(others) + 1} floating bodies (recenter moves the root's coordinates alone)"
+    turn = [float(v) for v in builder.joint_X_p[joint][3:7]]
+    if max(abs(turn[0]), abs(turn[1]), abs(turn[2])) > 1e-7:
+        return "has its floating base's joint frame turned in the world (its coordinates are not along the world axes)"
+    return None
 
 
 def _root_coordinates(

@@ -40,9 +40,10 @@ RENAMED_ARRAYS = {
 """Checkpoint arrays written under an older layout (the non-finite counters were the clip
 policy's before they became the wrapper's), read under their current names."""
 
-ADDED_ARRAYS = ("task/carried/root_offset",)
+ADDED_ARRAYS = ("task/carried/root_offset", "task/root_offset")
 """Arrays a checkpoint from before them lacks, whose freshly made value is what that run had:
-``env.recenter``'s per-world offsets (0: no world moved yet; a run that turns it on at resume,
+``env.recenter``'s per-world offsets in SHAC's (and AHAC's) carried state and in a windowed
+``task=policy``'s (0: no world moved yet; a run that turns it on at resume,
 ``harness.config.ADDED_FIELDS``)."""
 
 
