@@ -46,9 +46,6 @@ class ChunkTable:
         chunk_offset: int64 ``(chunk_count,)``, byte offset of each chunk's first scalar.
         chunk_length: int32 ``(chunk_count,)``, scalars in each chunk.
         chunk_group: int32 ``(chunk_count,)``, group of each chunk.
-        chunk_packed: int32 ``(chunk_count,)``, where the chunk's first scalar lands when the
-            ranges are laid end to end in order (its flat index for a ParamSet's table; its
-            place in a snapshot buffer for a copy).
     """
 
     scalar_type: type
@@ -59,7 +56,6 @@ class ChunkTable:
     chunk_offset: wp.array
     chunk_length: wp.array
     chunk_group: wp.array
-    chunk_packed: wp.array
 
     @staticmethod
     def build(
@@ -71,25 +67,21 @@ class ChunkTable:
     ) -> ChunkTable:
         """Cut ``ranges`` (``(byte_offset, scalar_count, group)``) into chunks on ``device``."""
         itemsize = wp.types.type_size_in_bytes(scalar_type)
-        offsets, lengths, groups, packed = [], [], [], []
-        total = 0
-        for byte_offset, count, group in ranges:
-            for start in range(0, count, CHUNK):
-                offsets.append(byte_offset + start * itemsize)
-                lengths.append(min(CHUNK, count - start))
-                groups.append(group)
-                packed.append(total + start)
-            total += count
+        table = np.array(ranges, dtype=np.int64).reshape(-1, 3)
+        counts = table[:, 1]
+        per_range = -(-counts // CHUNK)  # chunks of each range
+        which = np.repeat(np.arange(len(table)), per_range)  # each chunk's range
+        start = CHUNK * (np.arange(len(which), dtype=np.int64) - np.repeat(np.cumsum(per_range) - per_range, per_range))
+        lengths = np.minimum(CHUNK, counts[which] - start)
         return ChunkTable(
             scalar_type=scalar_type,
             group_count=group_count,
-            chunk_count=len(offsets),
-            max_chunk=max(lengths, default=0),
-            scalar_count=total,
-            chunk_offset=wp.array(np.array(offsets, np.int64), dtype=wp.int64, device=device),
-            chunk_length=wp.array(np.array(lengths, np.int32), dtype=wp.int32, device=device),
-            chunk_group=wp.array(np.array(groups, np.int32), dtype=wp.int32, device=device),
-            chunk_packed=wp.array(np.array(packed, np.int32), dtype=wp.int32, device=device),
+            chunk_count=len(which),
+            max_chunk=int(lengths.max(initial=0)),
+            scalar_count=int(counts.sum()),
+            chunk_offset=wp.array(table[which, 0] + start * itemsize, dtype=wp.int64, device=device),
+            chunk_length=wp.array(lengths.astype(np.int32), dtype=wp.int32, device=device),
+            chunk_group=wp.array(table[which, 2].astype(np.int32), dtype=wp.int32, device=device),
         )
 
     def kernel_inputs(self, base: int, *, grouped: bool = True) -> list[Any]:
