@@ -12,8 +12,9 @@ Each row is one ``python -m harness train`` run (a fresh run folder). From its T
   out about ten times fall outside it; ``iter_ms_min`` is the shortest interval);
 - ``wall_s``: the command's wall seconds; ``train_s``: ``summary.json``'s ``wall_time_s``;
 - ``compiled``: the kernel-cache folders the run added (``WARP_CACHE_PATH``), split into CUDA
-  modules (a ``.cubin`` or ``.ptx`` inside) and CPU ones (``.o``). A run that starts after
-  ``python -m harness compile ... arch=N`` on a GPU of that arch should add no CUDA module.
+  modules (a ``.cubin`` or ``.ptx`` inside) and CPU ones (``.o``); ``cuda_binaries_added``: the
+  ``.cubin`` and ``.ptx`` files it added, also inside folders that were there. A run that starts
+  after ``python -m harness compile ... arch=N`` on a GPU of that arch should add none.
 
 A row's ``cache`` says which kernel cache it ran on: ``shared`` (``WARP_CACHE_PATH`` as given,
 warm once an earlier row or ``harness compile`` filled it) or ``cold`` (a fresh empty folder).
@@ -55,6 +56,32 @@ RUNS = {
     "ant": ["+env=ant", "task=shac"],
 }
 """Each run's overrides."""
+
+
+def training_seconds(overrides: list[str], iterations: int, *, timeout: float) -> tuple[float, float]:
+    """(``summary.json``'s ``wall_time_s``: from the run's first iteration to its last; the
+    command's wall seconds) of one run logging once, at its end (so no held-out episode falls
+    inside it): what ``scripts/bench_device_rule.py`` differences."""
+    with tempfile.TemporaryDirectory() as folder:
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "harness", "train", *overrides, f"iterations={iterations}",
+             f"log_every={iterations}", "checkpoint.every=0", "plot_every=null", f"hydra.run.dir={folder}/run"],
+            cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        if done.returncode:
+            raise RuntimeError(f"train {' '.join(overrides)} failed ({done.returncode}): {done.stderr.strip()}")
+        summary = json.loads((Path(folder) / "run" / "summary.json").read_text())
+    return float(summary["wall_time_s"]), time.perf_counter() - started
+
+
+def cuda_binaries(cache: Path) -> set[str]:
+    """The CUDA binaries (``.cubin``, ``.ptx``) in a Warp kernel cache, by path: a module
+    compiled for another arch or output lands in the same module folder, so files are counted,
+    not folders."""
+    if not cache.is_dir():
+        return set()
+    return {str(p.relative_to(cache)) for p in cache.rglob("*") if p.suffix in (".cubin", ".ptx")}
 
 
 def cache_folders(cache: Path) -> set[str]:
@@ -102,7 +129,7 @@ def train_row(
         overrides += [f"iterations={iterations}", "log_every=1"]
     overrides += extra
     env = {**os.environ, "WARP_CACHE_PATH": str(cache), "PYTHONUNBUFFERED": "1"}
-    before = cache_folders(cache)
+    before, before_cuda = cache_folders(cache), cuda_binaries(cache)
     with tempfile.TemporaryDirectory() as folder:
         run = Path(folder) / "run"
         launched = time.time()
@@ -145,7 +172,7 @@ def train_row(
     added = sorted(cache_folders(cache) - before)
     kinds = [kind_of(cache / a) for a in added]
     row["compiled"] = {k: kinds.count(k) for k in ("cuda", "cpu", "other") if kinds.count(k)}
-    row["compiled_cuda"] = [a for a, k in zip(added, kinds, strict=True) if k == "cuda"][:20]
+    row["cuda_binaries_added"] = sorted(cuda_binaries(cache) - before_cuda)[:20]
     return row
 
 
@@ -204,9 +231,26 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="RUN=OVERRIDE: an override for that run's rows")
     args = parser.parse_args()
     for spec in args.rows:
-        parts = spec.partition("@")[0].split(":")
-        if len(parts) not in (4, 5) or parts[0] not in RUNS or (len(parts) == 5 and parts[4] != "cold"):
-            parser.error(f"--rows: '{spec}' is not RUN:WORLDS:DEVICE:ITERATIONS[:cold] with RUN in {sorted(RUNS)}")
+        head, _, timeout = spec.partition("@")
+        parts = head.split(":")
+        if (
+            len(parts) not in (4, 5)
+            or parts[0] not in RUNS
+            or not (parts[1].isdigit() and parts[3].isdigit())
+            or (len(parts) == 5 and parts[4] != "cold")
+            or (timeout and not timeout.replace(".", "", 1).isdigit())
+        ):
+            parser.error(
+                f"--rows: '{spec}' is not RUN:WORLDS:DEVICE:ITERATIONS[:cold][@TIMEOUT] with RUN in {sorted(RUNS)}, "
+                "WORLDS and ITERATIONS whole numbers"
+            )
+    for item in args.set:
+        if item.partition("=")[0] not in RUNS or "=" not in item.partition("=")[2]:
+            parser.error(f"--set: '{item}' is not RUN=KEY=VALUE with RUN in {sorted(RUNS)}")
+    if args.long is not None:
+        parts = args.long.split(":")
+        if len(parts) != 3 or parts[0] not in RUNS or not parts[1].isdigit():
+            parser.error(f"--long: '{args.long}' is not RUN:WORLDS:DEVICE with RUN in {sorted(RUNS)}")
     start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     shared = Path(os.environ.get("WARP_CACHE_PATH") or Path.home() / ".cache" / "warp")
@@ -243,6 +287,8 @@ def main() -> None:
         left = args.deadline - (time.time() - start) - args.long_reserve
         if left > 30:
             keep(long_run(args.long, cache=shared, seconds=left, out=args.out))
+        else:
+            keep({"run": args.long, "what": "long", "error": f"skipped: {max(left, 0):.0f} s left"})
     lines = [
         "| run | worlds | device | cache | first log (s) | it/s (steady) | wall (s) | compiled (cuda/cpu) |",
         "|---|---|---|---|---|---|---|---|",

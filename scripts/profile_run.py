@@ -4,7 +4,8 @@ kernels, copies and memsets (Warp's activity timing, ``wp.timing_begin``).
 Runs ``python -m harness ARGS`` in this process and prints, at its end, the ``--top`` host
 functions by cumulative time and the ``--top`` device operations by total time (count, total,
 mean), with the totals by kind. For per-kernel device times pass ``capture=false``: a captured
-iteration is one graph launch to Warp's timer. On the CPU only the host table is printed (a CPU
+iteration is one graph launch to Warp's timer (a part the harness captures even then, such as
+a loop run by a conditional graph node, stays one ``graph`` row). On the CPU only the host table is printed (a CPU
 kernel runs inside the launch call, so cProfile's ``launch`` rows hold the kernels' time).
 
 Run: python scripts/profile_run.py [--top N] [--out DIR] -- train +env=ant task=shac device=cuda
@@ -82,7 +83,10 @@ def main() -> None:
     try:
         cli.main(argv)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    except Exception as exc:  # the report still shows where the time went up to the failure
+        print(f"profile_run: the command raised {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = 1
     finally:
         profiler.disable()
     wall = time.perf_counter() - started

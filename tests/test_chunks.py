@@ -24,6 +24,11 @@ def test_build_cuts_every_range_as_a_plain_loop_does():
                    table.chunk_group.numpy().tolist(), strict=True))  # fmt: skip
     assert got == want
     assert table.chunk_count == len(want)
+    assert (table.chunk_offset.dtype, table.chunk_length.dtype, table.chunk_group.dtype) == (
+        wp.int64,
+        wp.int32,
+        wp.int32,
+    )
     assert table.scalar_count == sum(count for _, count, _ in ranges)
     assert table.max_chunk == CHUNK
 

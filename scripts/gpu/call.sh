@@ -21,6 +21,7 @@ timeout 75 python3 scripts/profile_run.py --top 40 --out $OUT/prof -- train +env
   > $OUT/prof/profile.txt 2>&1
 el "profile rc $?"; grep -A12 "== device" $OUT/prof/profile.txt | head -14
 LEFT=$(( B - ($(date +%s) - T0) ))
+[ "$LEFT" -gt 20 ] || { el "no time left for the rows"; exit 0; }
 timeout $LEFT python3 scripts/bench_gpu.py --out $OUT/b --deadline $(( LEFT - 3 )) --set ant=env.horizon=64 \
   --rows ant:4096:cuda:30@70 ant:1024:cuda:30@45 cartpole:0:null:0@30 | tail -6
 el end

@@ -10,7 +10,7 @@
 #   carry [".gpu/part0"]: mkdir -p /tmp/stage && cp .gpu/part0 /tmp/stage/
 #   ...one such call per further part but the last...
 #   carry [".gpu/partN", ".gpu/cache.tgz", ".gpu/call.sh"]: BUDGET=S bash .gpu/call.sh
-set -eu
+set -euo pipefail
 ARCH=${ARCH:-90}; PARTMB=${PARTMB:-56}
 SP=$(echo .venv/lib/python3*/site-packages)
 [ -d "$SP/warp" ] || { echo "stage: no .venv with warp here (run make train first)"; exit 2; }
