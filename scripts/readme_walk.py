@@ -125,8 +125,9 @@ def check_gradcheck(walk: Walk) -> None:
 
 
 def check_gradcheck_ant(walk: Walk) -> None:
-    """The Ant's check: a table per contact phase, touchdowns and lift-offs among them, and a pass."""
-    for phase in ("flight", "stance", "touchdown", "lift-off"):
+    """The Ant's check: a table per contact phase, touchdowns and lift-offs among them, and a pass (which
+    other phases the sampled entries fall in varies with the preset: no stance under dflex's damping)."""
+    for phase in ("touchdown", "lift-off"):
         assert re.search(rf"^\s+{phase}\s+\d+", walk.out, flags=re.M), phase
     assert re.search(r"worst relative error \S+ \(tolerance \S+\): ok", walk.out), walk.out[-500:]
 

@@ -279,10 +279,11 @@ def test_one_captured_graph_runs_as_many_critic_passes_as_the_rule_decides():
 
 
 def test_the_contact_load_is_the_ants_weight_standing_and_zero_in_the_air():
-    """1.5 s after the preset's start the Ant rests on the ground: its contacts' springs carry its
-    weight. Started 1.5 m up, nothing touches after the first step."""
+    """2.5 s after the preset's start the Ant rests on the ground: its contacts' springs carry its
+    weight (under dflex's damped hinges one world still rocks at 1.5 s, its load 0.81). Started
+    1.5 m up, nothing touches after the first step."""
     loads = {}
-    for name, overrides, steps in (("standing", [], 90), ("in the air", ["env.start_height=1.5"], 1)):
+    for name, overrides, steps in (("standing", [], 150), ("in the air", ["env.start_height=1.5"], 1)):
         env = ant("env.world_count=2", f"env.horizon={steps}", "env.settle_time=0", *overrides)
         env.reset()
         for t in range(steps):

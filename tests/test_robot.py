@@ -673,16 +673,18 @@ def check_resume(saved: dict, cfg, refused: str | None, tmp_path) -> None:
 @pytest.mark.parametrize(
     ("preset", "refused"),
     [(["+env=hopper", "env.limit_kd_everywhere=false"], None), (["+env=hopper"], "env.limit_kd_everywhere"),
-     (["+env=ant"], None), (["+env=humanoid"], "env.limit_kd_everywhere|env.height_scale"),
+     (["+env=ant", "env.limit_kd_everywhere=false"], None), (["+env=ant"], "env.limit_kd_everywhere"),
+     (["+env=humanoid"], "env.limit_kd_everywhere|env.height_scale"),
      (["+env=hopper", "env.limit_kd_everywhere=false", "env.height_scale=10"], "env.height_scale"),
      (["+env=hopper", "env.limit_kd_everywhere=false", "env.height_scale=1"], None),
      (["+env=ant", "env.joint_stiffness=5"], "env.joint_stiffness")],
-    ids=["hopper_newton_law", "hopper", "ant", "humanoid", "height_scale", "height_scale_1", "joint_stiffness"],
+    ids=["hopper_newton_law", "hopper", "ant_newton_law", "ant", "humanoid", "height_scale", "height_scale_1",
+         "joint_stiffness"],
 )  # fmt: skip
 def test_a_checkpoint_from_before_the_humanoids_fields_resumes_where_they_change_nothing(tmp_path, preset, refused):
     """Checkpoints written before env.joint_stiffness, env.limit_kd_everywhere and env.height_scale
     existed (the Hopper's and the Ant's trainings) resume with their defaults, and not otherwise (the Hopper's
-    preset now damps as dflex does: its earlier runs resume with env.limit_kd_everywhere=false)."""
+    and the Ant's presets now damp as dflex does: their earlier runs resume with env.limit_kd_everywhere=false)."""
     cfg, _ = config.compose_config("train", preset)
     saved = OmegaConf.to_container(cfg, resolve=True)
     for key in ("joint_stiffness", "limit_kd_everywhere", "height_scale"):
