@@ -23,10 +23,17 @@ from pathlib import Path
 
 
 def per_seed(path: Path, column: str = "rewards") -> dict[str, dict[int, float]]:
-    """seed -> epoch -> reward, from the export's ``<seed> - _step`` and ``<seed> - <column>`` columns."""
+    """seed -> epoch -> reward, from the export's ``<seed> - _step`` and ``<seed> - <column>`` columns.
+
+    A seed whose return column has no ``_step`` column beside it cannot be put on epochs and is
+    left out, with a line saying so (``ahac_hopper_time.csv``: seeds 1 and 4, whose returns equal
+    seed 2's row for row)."""
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    seeds = sorted({name.split(" - ")[0] for name in rows[0] if name.endswith(f" - {column}")})
+    named = sorted({name.split(" - ")[0] for name in rows[0] if name.endswith(f" - {column}")})
+    seeds = [seed for seed in named if f"{seed} - _step" in rows[0]]
+    if len(seeds) < len(named):
+        print(f"left out (no _step column): {', '.join(sorted(set(named) - set(seeds)))}")
     found: dict[str, dict[int, float]] = {seed: {} for seed in seeds}
     for row in rows:
         for seed in seeds:
