@@ -38,6 +38,7 @@ __all__ = [
     "LOSS_FINAL",
     "LOSS_TOTAL",
     "PERF_ENV_STEPS_PER_S",
+    "PERF_EPISODES_MS",
     "PERF_ITER_MS",
     "POLICY_ACTIONS",
     "POLICY_ACTION_ABS_MEAN",
@@ -123,6 +124,11 @@ def grad_hist(param: str, group: str | None = None) -> str:
 # -- perf/, through_time/ ---------------------------------------------------------
 
 PERF_ITER_MS = "perf/iter_ms"
+"""Host milliseconds an iteration of the log interval took, on average; time a callback set
+aside (:meth:`harness.training.loop.Loop.set_aside`: an episode evaluation) not counted."""
+PERF_EPISODES_MS = "perf/episodes_ms"
+"""Host milliseconds one evaluation of a policy's whole episodes took (at the steps of
+``episode/``)."""
 PERF_ENV_STEPS_PER_S = "perf/env_steps_per_s"
 """Simulation steps x worlds per second."""
 ROLLOUT_PLOT = "loss/rollout"

@@ -78,6 +78,18 @@ def test_tensorboard_opens_a_policy_run_on_its_episodes_and_hparams_shows_them(s
     assert metrics[:3] == [tags.EPISODE_RETURN, tags.EPISODE_UPRIGHT, tags.EPISODE_LOSS]
 
 
+def test_each_episode_evaluation_logs_its_time_and_sets_it_aside(shac_sweep):
+    """``perf/episodes_ms`` at every ``episode/`` step; the summary's ``timing_s.aside`` is their
+    sum (what ``perf/iter_ms`` leaves out)."""
+    run = shac_sweep[0] / "seed=0"
+    found = scalars(run)
+    timed = found[tags.PERF_EPISODES_MS]
+    assert [step for step, _ in timed] == [step for step, _ in found[tags.EPISODE_RETURN]] == [0, 2, 4]
+    assert all(ms > 0.0 for _, ms in timed)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["timing_s"]["aside"] == pytest.approx(sum(ms for _, ms in timed) / 1e3, rel=1e-4)
+
+
 def test_the_sweep_report_shows_the_episode_figures(shac_sweep, tmp_path):
     sweep, _ = shac_sweep
     proc = run_harness("report", str(sweep), cwd=tmp_path)

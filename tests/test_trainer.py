@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from harness.training import FIXED_COLUMNS
 from harness.training.callbacks import iteration_series
+from harness.training.loop import Callback
 from harness.transform import Shared
 from tests.helpers import DEVICES, exact_on, make_trainer
 
@@ -142,6 +143,42 @@ def test_short_training_run_lowers_the_loss_and_logs_every_tag(tmp_path):
     groups = sorted({tag.split("/", 1)[0] for kind in ("scalars", "histograms", "images") for tag in tags[kind]})
     assert groups[:2] == ["loss", "optim"], groups
     assert "loss/rollout" not in tags["images"]  # plot_every=None: no rollout images
+
+
+class Busy(Callback):
+    """Spends ``seconds`` of host time after every iteration, as an episode evaluation does;
+    reports it with ``Loop.set_aside`` when ``aside``."""
+
+    def __init__(self, seconds: float, aside: bool):
+        self.seconds, self.aside = seconds, aside
+
+    def on_iteration(self, loop, iteration):
+        start = loop.clock()
+        while loop.clock() - start < self.seconds:
+            pass
+        if self.aside:
+            loop.set_aside(loop.clock() - start)
+
+
+def test_time_a_callback_sets_aside_is_left_out_of_perf_iter_ms_but_kept_in_the_summary(tmp_path):
+    """A short run evaluating whole episodes at every log step once read the evaluation as the
+    iteration's cost (the Ant's 9 s iteration as 30 s): what a callback sets aside is not an
+    iteration. Without set_aside the same busy time shows in perf/iter_ms (the control)."""
+    busy, iterations, log_every = 0.25, 6, 2
+    found = {}
+    for aside in (False, True):
+        trainer = make_trainer(horizon=30, world_count=2, iterations=iterations, log_every=log_every)
+        summary = trainer.fit(tmp_path / str(aside), callbacks=[Busy(busy, aside)])
+        acc = EventAccumulator(str(tmp_path / str(aside)), size_guidance={"scalars": 0})
+        acc.Reload()
+        found[aside] = [e.value for e in acc.Scalars("perf/iter_ms")], summary
+    shown, summary = found[False]
+    assert min(shown) >= 1e3 * busy, shown  # every interval held the busy time of each of its iterations
+    assert summary["timing_s"]["aside"] == 0.0
+    kept, summary = found[True]
+    assert max(kept[1:]) < 0.4 * 1e3 * busy, kept  # the intervals after the warm-up: the iterations alone
+    assert iterations * busy <= summary["timing_s"]["aside"] < iterations * busy + 0.5
+    assert summary["wall_time_s"] >= iterations * busy  # the run's wall time keeps it
 
 
 def test_rollout_plot_is_a_tensorboard_image_at_the_first_log_step_every_n_iterations_and_the_end(tmp_path):

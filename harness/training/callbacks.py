@@ -511,8 +511,12 @@ class EpisodeLog(Callback):
         summary["episodes"] = {"worlds": worlds, "steps": steps, "before": before, "after": after}
 
     def _point(self, loop: Loop, step: int) -> dict[str, float]:
+        start = loop.clock()
         found = self.episodes(loop.step.state)
-        self.tensorboard.writer.scalars(step, {tag: found[key] for key, tag in EPISODE_TAGS.items() if key in found})
+        elapsed = loop.clock() - start
+        loop.set_aside(elapsed)  # an evaluation is not an iteration: kept out of perf/iter_ms
+        values = {tag: found[key] for key, tag in EPISODE_TAGS.items() if key in found}
+        self.tensorboard.writer.scalars(step, {**values, tags.PERF_EPISODES_MS: 1e3 * elapsed})
         return found
 
 

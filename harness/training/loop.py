@@ -283,6 +283,9 @@ class Loop:
             the time left are estimated from the iterations after it.
         divergence: What the divergence rule found at the last read-back (the ``diverged``
             entry of the summary without its iteration), or None.
+        aside_s: Host seconds this process spent beside the iterations on what callbacks
+            reported with :meth:`set_aside` (a policy's episode evaluations): left out of
+            ``perf/iter_ms`` and ``perf/env_steps_per_s``, in the summary's ``timing_s`` as ``aside``.
     """
 
     def __init__(self, step: TrainStep, settings: TrainSettings, callbacks: list[Callback], *, capture: bool):
@@ -301,6 +304,8 @@ class Loop:
         self.interval = (0.0, 0)
         self.steady: tuple[float, int] | None = None
         self.divergence: dict[str, Any] | None = None
+        self.aside_s = 0.0
+        self._aside_in_interval = 0.0
 
     @staticmethod
     def clock() -> float:
@@ -313,6 +318,14 @@ class Loop:
         if self.steady is None or done <= self.steady[1]:
             return None
         return (done - self.steady[1]) / max(self.clock() - self.steady[0], 1e-9)
+
+    def set_aside(self, seconds: float) -> None:
+        """Count ``seconds`` of host time a callback just spent on work that is not an iteration
+        (an evaluation of whole episodes) out of the log interval's ``perf/iter_ms``: an
+        iteration's cost then reads the same whether or not an evaluation fell in its interval.
+        The rate and time left on the progress line keep it (the run's wall time includes it)."""
+        self.aside_s += seconds
+        self._aside_in_interval += seconds
 
     def request_stop(self, signum: int) -> None:
         """Finish the current iteration, checkpoint, write an ``interrupted`` summary, stop."""
@@ -337,6 +350,7 @@ class Loop:
             step.set_iteration(self.start_iteration)
             self._started = time.perf_counter()
             self.interval = (self._started, self.start_iteration)
+            self._aside_in_interval = 0.0  # what on_start set aside is before the first interval
             for it in range(self.start_iteration, settings.iterations):
                 self.stops_after, self.stopping = it + 1, False
                 capturing = self.capture and step.graph is None and it > self.start_iteration
@@ -380,6 +394,7 @@ class Loop:
             summary = self.summary(final_loss, final_figures, status="finished")
             for callback in self.callbacks:
                 callback.on_end(self, summary)
+            summary["timing_s"]["aside"] = self.aside_s  # with what on_end set aside (the last episodes)
         finally:
             for callback in reversed(self.callbacks):
                 callback.close(self)
@@ -466,8 +481,8 @@ class Loop:
             self._scalars(it, {groups[0].tag(tags.LR_REDUCTIONS): count})
         if not log_step:
             return
-        iter_s = (now - self.interval[0]) / (it + 1 - self.interval[1])
-        self.interval = (now, it + 1)
+        iter_s = (now - self.interval[0] - self._aside_in_interval) / (it + 1 - self.interval[1])
+        self.interval, self._aside_in_interval = (now, it + 1), 0.0
         values = step.log_values()
         self._scalars(
             it,
@@ -508,7 +523,7 @@ class Loop:
             "nonfinite_steps": tally.nonfinite_steps,
             "adjoint_clipped_steps": tally.adjoint_clipped_steps,
             "lr_reductions": tally.lr_reductions,
-            "timing_s": dict(step.timing),
+            "timing_s": {**step.timing, "aside": self.aside_s},
             "before_training": tally.initial_figures,
             "after_training": final_figures,
             **({"groups": tally.groups} if tally.groups else {}),
