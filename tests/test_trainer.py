@@ -173,7 +173,9 @@ def test_time_a_callback_sets_aside_is_left_out_of_perf_iter_ms_but_kept_in_the_
         acc.Reload()
         found[aside] = [e.value for e in acc.Scalars("perf/iter_ms")], summary
     shown, summary = found[False]
-    assert min(shown) >= 1e3 * busy, shown  # every interval held the busy time of each of its iterations
+    # every interval after the first held the busy time of each of its iterations (the first one's
+    # read-back comes before its second iteration's busy time)
+    assert min(shown[1:]) >= 1e3 * busy, shown
     assert summary["timing_s"]["aside"] == 0.0
     kept, summary = found[True]
     assert max(kept[1:]) < 0.4 * 1e3 * busy, kept  # the intervals after the warm-up: the iterations alone
