@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -181,6 +182,20 @@ def test_time_a_callback_sets_aside_is_left_out_of_perf_iter_ms_but_kept_in_the_
     assert max(kept[1:]) < 0.4 * 1e3 * busy, kept  # the intervals after the warm-up: the iterations alone
     assert iterations * busy <= summary["timing_s"]["aside"] < iterations * busy + 0.5
     assert summary["wall_time_s"] >= iterations * busy  # the run's wall time keeps it
+
+
+def test_the_time_set_aside_is_checkpointed_and_a_resumed_run_adds_to_it(tmp_path):
+    """``timing_s.aside`` covers the whole run, as ``wall_time_s`` does: a run of 4 resumed to 6
+    reports what the first process set aside (iterations 1 to 4: its last checkpoint is written
+    at the end) and what the second did (5 and 6); the second's alone would be a third of it."""
+    busy = 0.1
+    first = make_trainer(horizon=30, world_count=2, iterations=4, log_every=2)
+    first.fit(tmp_path, callbacks=[Busy(busy, aside=True)])
+    second = make_trainer(horizon=30, world_count=2, iterations=6, log_every=2)
+    second.settings = dataclasses.replace(second.settings, resume="auto")
+    summary = second.fit(tmp_path, callbacks=[Busy(busy, aside=True)])
+    assert summary["iterations_done"] == 6
+    assert 6 * busy <= summary["timing_s"]["aside"] < 7 * busy
 
 
 def test_rollout_plot_is_a_tensorboard_image_at_the_first_log_step_every_n_iterations_and_the_end(tmp_path):

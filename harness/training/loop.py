@@ -109,6 +109,9 @@ class Tally:
     adjoint_clipped_steps: int = 0
     lr_reductions: int = 0
     wall_time_s: float = 0.0
+    aside_s: float = 0.0
+    """Host seconds callbacks set aside over the whole run, resumed parts included
+    (:meth:`Loop.set_aside`: a policy's episode evaluations)."""
     initial_figures: dict[str, Any] = dataclasses.field(default_factory=dict)
     episodes_before: dict[str, float] = dataclasses.field(default_factory=dict)
     """A policy's whole episodes before training (:class:`~harness.training.callbacks.EpisodeLog`)."""
@@ -283,9 +286,6 @@ class Loop:
             the time left are estimated from the iterations after it.
         divergence: What the divergence rule found at the last read-back (the ``diverged``
             entry of the summary without its iteration), or None.
-        aside_s: Host seconds this process spent beside the iterations on what callbacks
-            reported with :meth:`set_aside` (a policy's episode evaluations): left out of
-            ``perf/iter_ms`` and ``perf/env_steps_per_s``, in the summary's ``timing_s`` as ``aside``.
     """
 
     def __init__(self, step: TrainStep, settings: TrainSettings, callbacks: list[Callback], *, capture: bool):
@@ -304,7 +304,6 @@ class Loop:
         self.interval = (0.0, 0)
         self.steady: tuple[float, int] | None = None
         self.divergence: dict[str, Any] | None = None
-        self.aside_s = 0.0
         self._aside_in_interval = 0.0
 
     @staticmethod
@@ -323,8 +322,11 @@ class Loop:
         """Count ``seconds`` of host time a callback just spent on work that is not an iteration
         (an evaluation of whole episodes) out of the log interval's ``perf/iter_ms``: an
         iteration's cost then reads the same whether or not an evaluation fell in its interval.
-        The rate and time left on the progress line keep it (the run's wall time includes it)."""
-        self.aside_s += seconds
+        The total is the tally's ``aside_s`` (the summary's ``timing_s.aside``). The rate and time
+        left on the progress line keep what falls between iterations, and so does
+        ``wall_time_s``; the evaluations before the first iteration and after the last are
+        outside both."""
+        self.tally.aside_s += seconds
         self._aside_in_interval += seconds
 
     def request_stop(self, signum: int) -> None:
@@ -394,7 +396,7 @@ class Loop:
             summary = self.summary(final_loss, final_figures, status="finished")
             for callback in self.callbacks:
                 callback.on_end(self, summary)
-            summary["timing_s"]["aside"] = self.aside_s  # with what on_end set aside (the last episodes)
+            summary["timing_s"]["aside"] = self.tally.aside_s  # with what on_end set aside (the last episodes)
         finally:
             for callback in reversed(self.callbacks):
                 callback.close(self)
@@ -523,7 +525,7 @@ class Loop:
             "nonfinite_steps": tally.nonfinite_steps,
             "adjoint_clipped_steps": tally.adjoint_clipped_steps,
             "lr_reductions": tally.lr_reductions,
-            "timing_s": {**step.timing, "aside": self.aside_s},
+            "timing_s": {**step.timing, "aside": tally.aside_s},
             "before_training": tally.initial_figures,
             "after_training": final_figures,
             **({"groups": tally.groups} if tally.groups else {}),
