@@ -26,6 +26,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+REFERENCE_COLOURS = ("0.35", "tab:brown", "tab:pink", "tab:olive")
+"""The published curves' colours; the runs' below never take one of them."""
+RUN_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:cyan", "black", "gold")
+
 
 def curve(run: Path) -> dict:
     """One run's ``episode/return`` against simulated steps, and its held-out evaluation."""
@@ -109,13 +113,13 @@ def main() -> None:
             epochs = np.array(ref["epochs"])
             at = epochs * 32 * args.reference_worlds if panel == 0 else epochs
             mean, std = np.array(ref["mean"]), np.array(ref["std"])
-            shade = ("0.35", "tab:brown", "tab:pink", "tab:olive")[j % 4]
+            shade = REFERENCE_COLOURS[j % len(REFERENCE_COLOURS)]
             label = (f"{ref['method']}, Georgiev et al. 2024: mean +- std of {ref['seeds']} seeds, "
                      f"{args.reference_worlds} worlds, training episodes")  # fmt: skip
             ax.plot(at, mean, "-", color=shade, label=label)
             ax.fill_between(at, mean - std, mean + std, color=shade, alpha=0.15, linewidth=0)
         for i, c in enumerate(curves):
-            colour = f"C{i}"
+            colour = RUN_COLOURS[i % len(RUN_COLOURS)]
             label = f"{c['method']}, seed {c['seed']}: episodes from the env's starts"
             if c["iterations"] and c["planned_iterations"] and c["iterations"][-1] < c["planned_iterations"]:
                 label += f" (to iteration {c['iterations'][-1]} of {c['planned_iterations']})"
