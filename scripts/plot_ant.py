@@ -11,7 +11,8 @@ marker where the run folder has one. ``--reference`` (repeatable) adds a publish
 its mean over seeds and the band of one standard deviation against iterations (epochs) on the
 right, and a SHAC curve also against the same simulated steps (epochs x 32 steps x
 ``--reference-worlds``) on the left; an adaptive-horizon curve (AHAC's) is on the right only, as
-its epochs' steps vary and the export does not hold them. Writes ``<out>.png`` and ``<out>.json``::
+its epochs' steps vary and the export does not hold them. Writes ``<out>.png`` and ``<out>.json``;
+``--from <out>.json`` draws an earlier plot again from what it read (run folders since removed)::
 
     .venv/bin/python scripts/plot_ant.py outputs/ant/seed0 outputs/ant/seed1 --out docs/img/ant_shac \
         --reference docs/data/shac_ant_georgiev2024.csv
@@ -87,15 +88,24 @@ def reference(path: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", type=Path, nargs="+", help="task=shac or task=ahac run folders")
+    parser.add_argument("runs", type=Path, nargs="*", help="task=shac or task=ahac run folders")
     parser.add_argument("--out", type=Path, required=True, help="<out>.png and <out>.json")
+    parser.add_argument("--from", dest="source", type=Path,
+                        help="redraw the curves an earlier <out>.json holds (its run folders may be gone)")  # fmt: skip
     parser.add_argument("--reference", type=Path, action="append", default=[],
                         help="a published curve (docs/data/shac_ant_georgiev2024.csv); repeatable")  # fmt: skip
     parser.add_argument("--reference-worlds", type=int, default=128, help="its worlds per epoch (their config: 128)")
     parser.add_argument("--robot", default="ant", help="the env the runs trained (+env=NAME), for the title")
     args = parser.parse_args()
-    curves = [curve(run) for run in args.runs]
-    published = [reference(path) for path in args.reference]
+    if bool(args.runs) == bool(args.source):
+        parser.error("runs: give run folders, or --from an earlier <out>.json, not both")
+    if args.source is not None:  # the runs' curves and held-out figures as read then; references too
+        earlier = json.loads(args.source.read_text())
+        curves = earlier["runs"]
+        published = [reference(path) for path in args.reference] or earlier["references"]
+    else:
+        curves = [curve(run) for run in args.runs]
+        published = [reference(path) for path in args.reference]
     found = {"runs": curves, "references": published}
     args.out.with_suffix(".json").write_text(json.dumps(found, indent=1) + "\n")
 

@@ -115,6 +115,43 @@ def run_harness(*args: str, cwd: Path, env: dict | None = None, timeout: float =
     )
 
 
+def run_harness_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m harness ARGS`` run by :func:`harness.cli.main` inside this process, in
+    ``cwd``: what a refusal test needs (exit code, stdout, stderr) without a new interpreter's
+    imports, seconds each. Only for command lines refused before anything runs: the signal
+    handlers and the working folder are put back afterwards, nothing else is. A few of each
+    kind of refusal still go through :func:`run_harness`, which this does not replace."""
+    import contextlib
+    import io
+    import signal
+    import traceback
+
+    from harness import cli
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    try:
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                cli.main(list(args))
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except Exception:  # what an uncaught error prints from a real process
+                traceback.print_exc()
+                code = 1
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    return subprocess.CompletedProcess(["harness", *args], code, out.getvalue(), err.getvalue())
+
+
+def refused_train(request, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m harness train ARGS`` for a parametrized refusal test: its first case as a
+    real process (:func:`run_harness`), the others in-process (:func:`run_harness_here`)."""
+    first = all(index == 0 for index in request.node.callspec.indices.values())
+    return run_harness("train", *args, cwd=cwd) if first else run_harness_here("train", *args, cwd=cwd)
+
+
 def start_harness(*args: str, cwd: Path, **popen) -> subprocess.Popen:
     """Start ``python -m harness ARGS`` in the background."""
     return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=cwd, env=harness_env(), **popen)

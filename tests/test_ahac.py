@@ -13,6 +13,7 @@ import warp as wp
 from harness import build, config
 from harness.tasks import ahac_kernels as ak
 from harness.tasks import shac_kernels as k
+from tests.helpers import refused_train
 from tests.test_checkpoint import assert_killed_run_resumes_bit_for_bit, final_checkpoint, train
 from tests.test_errors import assert_clean_rejection
 from tests.test_robot import QUICK, ant
@@ -381,8 +382,9 @@ def test_a_sigkilled_ahac_run_resumes_bit_for_bit(tmp_path):
         (["task.contact_threshold=0"], "task.contact_threshold", "> 0"),
     ],
 )
-def test_bad_ahac_settings_are_refused_in_one_line(tmp_path, args, field, accepted):
-    assert_clean_rejection(train([*SMALL, "iterations=1", *args], tmp_path), field, accepted, tmp_path)
+def test_bad_ahac_settings_are_refused_in_one_line(request, tmp_path, args, field, accepted):
+    proc = refused_train(request, [*SMALL, "iterations=1", *args], tmp_path)
+    assert_clean_rejection(proc, field, accepted, tmp_path)
 
 
 def test_an_env_without_a_contact_load_is_refused_in_one_line(tmp_path):

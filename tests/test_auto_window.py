@@ -17,6 +17,7 @@ from harness.config import DiagnoseSettings
 from harness.tasks import TrainQuantities
 from harness.tasks import shac_kernels as k
 from harness.training import Callback
+from tests.helpers import refused_train
 from tests.test_checkpoint import (
     assert_killed_run_resumes_bit_for_bit,
     final_checkpoint,
@@ -216,6 +217,7 @@ def test_a_run_logs_its_window_and_each_measurement(tmp_path):
     ]
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it)
 def test_a_run_resumed_at_a_measuring_iteration_takes_that_measurement(tmp_path):
     """A run that ended at iteration 3 (its checkpoint holds the window before the measurement at 3)
     and is resumed to 6 equals a run of 6: the resumed run measures at 3 first. The schedules decay
@@ -260,8 +262,9 @@ def test_a_run_killed_with_sigkill_resumes_bit_for_bit_with_its_window(tmp_path)
     ],
     ids=["window", "ceiling", "floor_above_ceiling", "not_a_power_of_2", "every"],
 )
-def test_bad_auto_window_settings_are_refused_in_one_line(tmp_path, args, field, accepted):
-    assert_clean_rejection(train([*SMALL, *args, "iterations=1"], tmp_path), field, accepted, tmp_path)
+def test_bad_auto_window_settings_are_refused_in_one_line(request, tmp_path, args, field, accepted):
+    proc = refused_train(request, [*SMALL, *args, "iterations=1"], tmp_path)
+    assert_clean_rejection(proc, field, accepted, tmp_path)
 
 
 @pytest.mark.parametrize(("window", "refused"), [("32", None), ("auto", "task.auto")])

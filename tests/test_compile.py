@@ -6,9 +6,11 @@ load finds them in."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +35,25 @@ def _harness(*args: str, cache: Path | None = None, **kwargs) -> subprocess.Pope
         [sys.executable, "-m", "harness", *args], cwd=kwargs.pop("cwd", ROOT), env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs,
     )  # fmt: skip
+
+
+def _cache_cold_for(cache: Path, cold: str) -> Path:
+    """``cache`` holding every module of this machine's kernel cache except those whose name
+    holds ``cold``: a signal test then waits only for the compile it interrupts, not for every
+    module before it (a cache that is itself cold leaves all of them to compile, as before)."""
+    wp.init()  # sets the cache folder (WARP_CACHE_PATH or Warp's default)
+    warm = Path(wp.config.kernel_cache_dir)
+    seeded = cache / warm.name  # Warp keeps its modules under a folder named by its version
+    seeded.mkdir(parents=True)
+    for entry in warm.glob("wp_*"):
+        if cold in entry.name or re.search(r"_p\d+_t\d+$", entry.name):
+            continue  # the module left cold, and any private build folder of a running process
+        with contextlib.suppress(OSError):  # a module another worker writes meanwhile: left out
+            if entry.is_dir():
+                shutil.copytree(entry, seeded / entry.name)
+            else:
+                shutil.copy2(entry, seeded / entry.name)
+    return cache
 
 
 def _build_folders(cache: Path) -> list[str]:
@@ -76,7 +97,7 @@ def test_a_signal_stops_a_cold_cpu_compile_at_once(tmp_path: Path, sig: int) -> 
     """Before, the signal waited for the module in hand: here Newton's Featherstone module, about
     20 s on this CPU. Now the command ends within a second or two, with its one line and 128 +
     the signal, and the cache holds no build folder and no half module."""
-    cache = tmp_path / "cache"
+    cache = _cache_cold_for(tmp_path / "cache", "featherstone")
     proc = _harness("compile", "+env=cartpole", cache=cache)
     took = _stop_while_compiling(proc, cache, sig, module="featherstone")
     _, err = proc.communicate()
@@ -92,7 +113,7 @@ def test_a_signal_while_a_training_run_compiles_stops_it_at_once(tmp_path: Path)
     """A training run's first signal normally finishes the iteration and writes a checkpoint;
     inside the first iteration's compile (the policy's network, cold: about 1.6 s here) that
     would wait for the compiler, so the run stops at once and says why."""
-    cache, run = tmp_path / "cache", tmp_path / "run"
+    cache, run = _cache_cold_for(tmp_path / "cache", "mlp"), tmp_path / "run"
     proc = _harness("train", "+env=cartpole", "task=policy", "iterations=3", f"hydra.run.dir={run}", cache=cache)
     first = proc.stdout.readline()  # printed once the env is built (its modules compiled)
     assert first.startswith("device: cpu"), first
@@ -206,13 +227,18 @@ def test_a_caught_interrupt_during_a_compile_leaves_the_process_able_to_compile(
     script = tmp_path / "notebook.py"
     script.write_text(NOTEBOOK)
     env = {**os.environ, "WARP_CACHE_PATH": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
+        # Ctrl-C as an interactive session has it: a suite started in the background (`pytest &` in a
+        # script) ignores SIGINT, and a child inherits that, so Python would never raise KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["caught", "small", "big", "clean"], done.stdout
+    assert done.stdout.split() == ["caught", "small", "big", "clean"], done.stdout + done.stderr
 
 
 NOTEBOOK = """
-import glob, os, signal, threading, time
+import glob, os, signal, sys, threading, time
 import numpy as np
 import harness  # installs the compile in a worker thread as Warp is imported
 import warp as wp
@@ -232,10 +258,23 @@ def small(x: wp.array(dtype=float)):
     x[wp.tid()] = 1.0
 
 x = wp.zeros(4, dtype=float, device="cpu")
-threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+building = os.path.join(str(wp.config.kernel_cache_dir), f"*_p{os.getpid()}_t*")
+
+
+def interrupt_once_compiling():  # Ctrl-C while the compiler works, not at a guessed time
+    deadline = time.monotonic() + 120
+    while not glob.glob(building) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+threading.Thread(target=interrupt_once_compiling, daemon=True).start()
+began = time.monotonic()
 try:
     wp.launch(big, dim=4, inputs=[x], device="cpu")
     print("not interrupted")
+    print(f"big launched in {time.monotonic() - began:.2f} s, cache {wp.config.kernel_cache_dir}", file=sys.stderr)
 except KeyboardInterrupt:
     print("caught")
 wp.launch(small, dim=4, inputs=[x], device="cpu")

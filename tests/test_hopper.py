@@ -20,7 +20,7 @@ from harness.gradcheck import check_gradients
 from harness.losses import WeightedLoss
 from harness.tasks import OpenLoop
 from harness.training.step import check_capture
-from tests.test_checkpoint import train
+from tests.helpers import refused_train
 from tests.test_errors import assert_clean_rejection
 
 REWARD = {"reward": {"source": "reward", "kind": "reward"}}
@@ -141,8 +141,8 @@ def test_a_captured_rollout_equals_the_eager_one_bit_for_bit():
     ],
     ids=["cap", "piece", "start_height"],
 )
-def test_bad_values_are_refused_in_one_line(tmp_path, args, field, accepted):
-    proc = train(["+env=hopper", *args, "iterations=1"], tmp_path)
+def test_bad_values_are_refused_in_one_line(request, tmp_path, args, field, accepted):
+    proc = refused_train(request, ["+env=hopper", *args, "iterations=1"], tmp_path)
     assert_clean_rejection(proc, field, accepted, tmp_path)
 
 

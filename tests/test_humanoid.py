@@ -18,7 +18,7 @@ from harness.gradcheck import check_gradients
 from harness.losses import WeightedLoss
 from harness.tasks import OpenLoop
 from harness.training.step import check_capture
-from tests.test_checkpoint import train
+from tests.helpers import refused_train
 from tests.test_errors import assert_clean_rejection
 
 REWARD = {"reward": {"source": "reward", "kind": "reward"}}
@@ -158,6 +158,7 @@ def test_observations_and_rewards_are_diffrls_formulas_of_the_state():
     assert (reward[:, :, 3] < 0.0).any()
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it; the Hopper's settle test stays in the default run)
 def test_at_zero_action_it_falls_and_lies_at_rest_within_the_presets_settle_time():
     """A ragdoll on its springs: unactuated it falls and lies down (DiffRL's too, whose episodes end
     below 0.74 m); the settle check finds it at rest by the preset's 3 s."""
@@ -176,6 +177,7 @@ def test_at_zero_action_it_falls_and_lies_at_rest_within_the_presets_settle_time
     assert torso[2] < 0.3  # lying: the torso's centre 0.3 m from the ground or less, from 1.35 m
 
 
+@pytest.mark.slow  # default suite time (make test-slow runs it; the Hopper's and the Ant's stay in the default run)
 def test_the_tape_matches_central_differences_through_the_feets_contacts():
     """gradcheck.yaml's rollout for the Humanoid: 0.5 s of random torques from a noisy start, the feet
     landing, sliding and lifting, at the preset's 48 substeps, differences at its step of 3e-2."""
@@ -205,6 +207,6 @@ def test_a_captured_rollout_equals_the_eager_one_bit_for_bit():
     ],
     ids=["height_scale", "torque", "limit_kd_everywhere"],
 )
-def test_bad_values_are_refused_in_one_line(tmp_path, args, field, accepted):
-    proc = train(["+env=humanoid", *args, "iterations=1"], tmp_path)
+def test_bad_values_are_refused_in_one_line(request, tmp_path, args, field, accepted):
+    proc = refused_train(request, ["+env=humanoid", *args, "iterations=1"], tmp_path)
     assert_clean_rejection(proc, field, accepted, tmp_path)

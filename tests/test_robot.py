@@ -25,7 +25,7 @@ from harness.memory import segmented_forward_backward
 from harness.tasks import OpenLoop, prepare
 from harness.tasks import shac_kernels as k
 from harness.training.step import check_capture, taped_rollout, zero_grads
-from tests.helpers import ROOT, run_harness
+from tests.helpers import ROOT, run_harness, run_harness_here
 from tests.test_checkpoint import (
     assert_killed_run_resumes_bit_for_bit,
     train,
@@ -109,9 +109,19 @@ def test_a_file_given_alone_loads_with_the_files_own_actuators_and_torques():
         "limit_of_torques",
     ],
 )
-def test_bad_robot_files_and_names_are_refused_in_one_line_before_anything_is_written(tmp_path, args, field, accepted):
-    proc = train(["+env=ant", *args, "iterations=1"], tmp_path)
+def test_bad_robot_files_and_names_are_refused_in_one_line_before_anything_is_written(
+    request, tmp_path, args, field, accepted
+):
+    command = ["train", "+env=ant", *args, "iterations=1"]
+    if request.node.callspec.id in THROUGH_A_PROCESS:
+        proc = train(command[1:], tmp_path)
+    else:  # the same command line, refused by the same code, without a new interpreter's imports
+        proc = run_harness_here(*command, cwd=tmp_path)
     assert_clean_rejection(proc, field, accepted, tmp_path)
+
+
+THROUGH_A_PROCESS = {"missing", "control"}
+"""The refusals above that run as a real ``python -m harness`` process; the rest run in-process."""
 
 
 def test_a_malformed_file_is_refused_in_one_line(tmp_path):

@@ -17,7 +17,7 @@ from harness import build, config
 from harness.tasks import rollout
 from harness.tasks import shac_kernels as k
 from harness.training import Callback
-from tests.helpers import run_harness
+from tests.helpers import refused_train, run_harness
 from tests.test_checkpoint import (
     assert_killed_run_resumes_bit_for_bit,
     final_checkpoint,
@@ -219,5 +219,5 @@ def test_a_shac_run_killed_with_sigkill_resumes_bit_for_bit(tmp_path):
     ],
     ids=["env_without_observations", "terminal_cost", "minibatches", "segments", "critic_lr", "activation"],
 )
-def test_bad_shac_settings_are_refused_in_one_line_before_anything_is_written(tmp_path, args, field, accepted):
-    assert_clean_rejection(train([*args, "iterations=1"], tmp_path), field, accepted, tmp_path)
+def test_bad_shac_settings_are_refused_in_one_line_before_anything_is_written(request, tmp_path, args, field, accepted):
+    assert_clean_rejection(refused_train(request, [*args, "iterations=1"], tmp_path), field, accepted, tmp_path)

@@ -87,7 +87,10 @@ def one_line(err: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize(("first", "second"), [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGINT)])
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [(signal.SIGINT, signal.SIGINT), pytest.param(signal.SIGTERM, signal.SIGINT, marks=pytest.mark.slow)],
+)
 def test_a_second_signal_stops_at_once_and_the_newest_checkpoint_loads(first, second, tmp_path):
     run_dir = tmp_path / "run"
     run = Harness("train", *SLOW_ITERATIONS, "checkpoint.every=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
