@@ -128,9 +128,12 @@ def main() -> None:
                      f"{args.reference_worlds} worlds, training episodes")  # fmt: skip
             ax.plot(at, mean, "-", color=shade, label=label)
             ax.fill_between(at, mean - std, mean + std, color=shade, alpha=0.15, linewidth=0)
+        mixed = len({c["worlds"] for c in curves}) > 1  # then each run's label names its worlds
         for i, c in enumerate(curves):
             colour = RUN_COLOURS[i % len(RUN_COLOURS)]
-            label = f"{c['method']}, seed {c['seed']}: episodes from the env's starts"
+            sized = f", {c['worlds']} worlds" if mixed else ""
+            run = f"{c['method']}{sized}, seed {c['seed']}"
+            label = f"{run}: episodes from the env's starts"
             if c["iterations"] and c["planned_iterations"] and c["iterations"][-1] < c["planned_iterations"]:
                 label += f" (to iteration {c['iterations'][-1]} of {c['planned_iterations']})"
             ax.plot(c[x], c["return"], "o-", color=colour, label=label, markersize=4)
@@ -138,7 +141,7 @@ def main() -> None:
                 h = c["held_out"]
                 where = h["steps"] if panel == 0 else h["iteration"]
                 speed = h.get("forward_speed", float("nan"))
-                held = f"{c['method']}, seed {c['seed']}: 64 held-out starts (env.seed=7), {speed:.2f} m/s"
+                held = f"{run}: 64 held-out starts (env.seed=7), {speed:.2f} m/s"
                 ax.plot([where], [h["episode_return"]], "*", color=colour, markersize=14, label=held)
         ax.grid(alpha=0.3)
     worlds = "/".join(str(w) for w in sorted({c["worlds"] for c in curves}))

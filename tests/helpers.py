@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -118,31 +119,66 @@ def run_harness(*args: str, cwd: Path, env: dict | None = None, timeout: float =
 def run_harness_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """``python -m harness ARGS`` run by :func:`harness.cli.main` inside this process, in
     ``cwd``: what a refusal test needs (exit code, stdout, stderr) without a new interpreter's
-    imports, seconds each. Only for command lines refused before anything runs: the signal
-    handlers and the working folder are put back afterwards, nothing else is. A few of each
-    kind of refusal still go through :func:`run_harness`, which this does not replace."""
-    import contextlib
+    imports, seconds each. Only for command lines refused by :func:`harness.build.precheck`: one
+    it lets through fails here instead of training in the test's process. What the command
+    writes to stderr is all there, as a process would show it: Python's ``sys.stderr``, file
+    descriptor 2 (native code: Warp, LLVM) and every warning raised meanwhile, one line each.
+    The signal handlers, the working folder and what ``precheck`` keeps for the run are put back
+    afterwards. A few of each kind of refusal still run as a real process (:func:`run_harness`)."""
     import io
     import signal
+    import tempfile
     import traceback
+    import warnings
 
-    from harness import cli
+    from harness import build, cli
 
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     out, err, code = io.StringIO(), io.StringIO(), 0
+    checked = build.precheck
+
+    def refused_or_fail(*a, **k):
+        checked(*a, **k)
+        raise AssertionError(f"not refused by precheck: {' '.join(args)} (run_harness_here is for refusals)")
+
+    here = os.getcwd()
+    native = tempfile.TemporaryFile(mode="w+b")
+    sys.stderr.flush()
+    fd2 = os.dup(2)
     try:
-        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        os.chdir(cwd)
+        os.dup2(native.fileno(), 2)
+        build.precheck = refused_or_fail
+        with (
+            warnings.catch_warnings(record=True) as raised,
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            warnings.simplefilter("always")
             try:
                 cli.main(list(args))
             except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                if exc.code is not None and not isinstance(exc.code, int):
+                    print(exc.code, file=sys.stderr)
             except Exception:  # what an uncaught error prints from a real process
                 traceback.print_exc()
                 code = 1
+        for warning in raised:
+            err.write(f"{warning.filename}:{warning.lineno}: {warning.category.__name__}: {warning.message}\n")
     finally:
+        build.precheck = checked
+        build.PRECHECKED.clear()
+        build._PREBUILT.clear()
+        os.dup2(fd2, 2)
+        os.close(fd2)
+        os.chdir(here)
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-    return subprocess.CompletedProcess(["harness", *args], code, out.getvalue(), err.getvalue())
+    native.seek(0)
+    written = native.read().decode(errors="replace")
+    native.close()
+    return subprocess.CompletedProcess(["harness", *args], code, out.getvalue(), written + err.getvalue())
 
 
 def refused_train(request, args: list[str], cwd: Path) -> subprocess.CompletedProcess:

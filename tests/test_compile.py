@@ -6,7 +6,6 @@ load finds them in."""
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import re
@@ -45,14 +44,15 @@ def _cache_cold_for(cache: Path, cold: str) -> Path:
     warm = Path(wp.config.kernel_cache_dir)
     seeded = cache / warm.name  # Warp keeps its modules under a folder named by its version
     seeded.mkdir(parents=True)
-    for entry in warm.glob("wp_*"):
-        if cold in entry.name or re.search(r"_p\d+_t\d+$", entry.name):
-            continue  # the module left cold, and any private build folder of a running process
-        with contextlib.suppress(OSError):  # a module another worker writes meanwhile: left out
-            if entry.is_dir():
-                shutil.copytree(entry, seeded / entry.name)
-            else:
-                shutil.copy2(entry, seeded / entry.name)
+    for module in warm.glob("wp_*"):
+        if cold in module.name or not module.is_dir() or not list(module.glob("*.meta")):
+            continue  # the module left cold, and anything but a complete module (a build folder)
+        part = seeded / f"{module.name}.part"
+        try:  # copied whole and renamed into place, as Warp writes a module, or not at all
+            shutil.copytree(module, part)
+            part.rename(seeded / module.name)
+        except OSError:  # a module another process replaces meanwhile: left to compile
+            shutil.rmtree(part, ignore_errors=True)
     return cache
 
 
@@ -227,12 +227,7 @@ def test_a_caught_interrupt_during_a_compile_leaves_the_process_able_to_compile(
     script = tmp_path / "notebook.py"
     script.write_text(NOTEBOOK)
     env = {**os.environ, "WARP_CACHE_PATH": str(tmp_path / "cache")}
-    done = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
-        # Ctrl-C as an interactive session has it: a suite started in the background (`pytest &` in a
-        # script) ignores SIGINT, and a child inherits that, so Python would never raise KeyboardInterrupt
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["caught", "small", "big", "clean"], done.stdout + done.stderr
 
@@ -242,6 +237,10 @@ import glob, os, signal, sys, threading, time
 import numpy as np
 import harness  # installs the compile in a worker thread as Warp is imported
 import warp as wp
+
+# Ctrl-C as an interactive session has it: a suite started in the background (`pytest &` in a
+# script) ignores SIGINT, a child inherits that, and Python would never raise KeyboardInterrupt
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 wp.init()
 

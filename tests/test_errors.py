@@ -85,6 +85,7 @@ THROUGH_A_PROCESS = {"missing_env", "negative_lr", "unknown_device", "unknown_co
 """The cases that run as a real ``python -m harness`` process; the rest run the same command
 line in-process (:func:`tests.helpers.run_harness_here`: the same code, without a new
 interpreter's imports)."""
+assert THROUGH_A_PROCESS <= {c[0] for c in CASES}, "a case named above that does not exist"
 
 
 @pytest.mark.parametrize(("args", "field", "accepted"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])

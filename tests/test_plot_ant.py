@@ -1,6 +1,6 @@
-"""scripts/plot_ant.py, run as a process: ``--from`` draws a committed plot again from the JSON it
-wrote (the run folders behind docs/img/ant_ablation.png are gone), and the runs' colours are
-never a published curve's."""
+"""scripts/plot_ant.py, run as a process (its colours read from the script itself): ``--from``
+draws a committed plot again from the JSON it wrote (the run folders behind
+docs/img/ant_ablation.png are gone), and the runs' colours are never a published curve's."""
 
 from __future__ import annotations
 

@@ -122,6 +122,10 @@ def test_bad_robot_files_and_names_are_refused_in_one_line_before_anything_is_wr
 
 THROUGH_A_PROCESS = {"missing", "control"}
 """The refusals above that run as a real ``python -m harness`` process; the rest run in-process."""
+assert THROUGH_A_PROCESS <= set(
+    next(m for m in test_bad_robot_files_and_names_are_refused_in_one_line_before_anything_is_written.pytestmark
+         if m.name == "parametrize").kwargs["ids"]
+), "a case named above that does not exist"  # fmt: skip
 
 
 def test_a_malformed_file_is_refused_in_one_line(tmp_path):
