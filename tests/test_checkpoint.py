@@ -20,7 +20,7 @@ from harness import checkpoint
 from harness.training import state
 from tests.helpers import run_harness, start_harness
 
-RUN = ["+env=cartpole", "env.horizon=10", "env.world_count=2", "optim.lr=0.5", "log_every=3"]
+RUN = ["+env=cartpole", "env.horizon=10", "env.world_count=2", "optim.lr=0.5", "log_every=3", "plot_every=null"]
 
 
 def start(args: list[str], cwd: Path, **popen) -> subprocess.Popen:

@@ -17,7 +17,7 @@ from harness import checkpoint, tags
 from harness.training import NONFINITE_LOSS_LIMIT, Callback, Tally, TrainingDiverged
 from tests.helpers import make_trainer, run_harness
 
-SMALL = ["+env=cartpole", "env.horizon=10", "env.world_count=2", "log_every=5", "iterations=40"]
+SMALL = ["+env=cartpole", "env.horizon=10", "env.world_count=2", "log_every=5", "iterations=40", "plot_every=null"]
 EXPLODE = [*SMALL, "optim=sgd", "optim.momentum=0", "clip=none", "checkpoint.every=1", "checkpoint.keep=50"]
 """SGD without clipping: at lr 1e30 the first update gives forces of ~1e26 N and every later
 rollout (loss and gradient) is nan; at lr 1e39 (inf in float32) the first update makes the

@@ -17,7 +17,7 @@ from harness import tags
 from tests.helpers import run_harness
 
 SHAC = ["+env=cartpole_swingup", "task=shac", "env.world_count=4", "env.horizon=64", "task.window=16"]
-SHAC += ["iterations=4", "log_every=2"]
+SHAC += ["iterations=4", "log_every=2", "plot_every=null"]
 POLICY = ["+env=cartpole", "task=policy", "env.world_count=2", "env.horizon=40", "iterations=4", "log_every=2"]
 NUMBER = r"-?[0-9.]+(?:e[-+]?[0-9]+)?"
 
@@ -127,7 +127,7 @@ def test_the_episodes_only_read_the_training_state_training_is_bit_for_bit_the_s
 
     from harness import build, config
 
-    overrides = [*SHAC, "iterations=6", "plot_every=null"]
+    overrides = [*SHAC, "iterations=6"]
     values = []
     for name, with_episodes in (("with", True), ("without", False)):
         cfg, choices = config.compose_config("train", overrides)

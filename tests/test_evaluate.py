@@ -33,7 +33,7 @@ def one_line_refusal(proc, *parts: str) -> str:
 @pytest.fixture(scope="module")
 def policy_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("evaluate")
-    train(root, "policy", *POLICY)
+    train(root, "policy", *POLICY, "plot_every=null")
     return root
 
 

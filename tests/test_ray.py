@@ -37,7 +37,7 @@ RAY = Path(sys.executable).with_name("ray")
 HEAD_PORT = 6379
 CLIENT_PORT = 10001
 OBJECT_STORE = str(80 * 1024 * 1024)
-TINY = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "iterations=4", "log_every=2"]
+TINY = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "iterations=4", "log_every=2", "plot_every=null"]
 RAY_SWEEP = ["hydra/launcher=ray", "hydra.launcher.ray.init.address=auto"]
 STARTED = "Ray runtime started"
 NODE = ["--num-cpus=1", f"--object-store-memory={OBJECT_STORE}", "--disable-usage-stats"]

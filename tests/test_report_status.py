@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers import run_harness as harness
 
-TINY = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "iterations=4", "log_every=2"]
+TINY = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "iterations=4", "log_every=2", "plot_every=null"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

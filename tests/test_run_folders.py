@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from harness import checkpoint
 from tests.helpers import ROOT, run_harness, start_harness
 
-TINY = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "log_every=2"]
+TINY = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "log_every=2", "plot_every=null"]
 
 
 def snapshot(folder: Path) -> dict[str, str]:

@@ -18,7 +18,7 @@ import pytest
 from harness import checkpoint
 from tests.helpers import ROOT, harness_env, run_harness
 
-TINY = ["+env=cartpole", "env.world_count=1", "device=cpu"]
+TINY = ["+env=cartpole", "env.world_count=1", "device=cpu", "plot_every=null"]
 SLOW_ITERATIONS = [*TINY, "env.horizon=300", "capture=false", "log_every=1", "iterations=100000"]
 """About a second per iteration on a 2-core CPU: a signal lands inside an iteration."""
 

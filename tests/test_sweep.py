@@ -22,7 +22,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from tests.helpers import run_harness, start_harness
 
-TINY = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "iterations=4", "log_every=2"]
+TINY = ["+env=cartpole", "env.horizon=10", "env.world_count=1", "iterations=4", "log_every=2", "plot_every=null"]
 
 
 harness = run_harness

@@ -65,7 +65,7 @@ def test_sysid_recovers_masses_perturbed_by_30_percent_within_2_percent(tmp_path
     path, _ = record(tmp_path, masses, f"noise={noise}")
     proc = run_harness(
         "train", "+env=cartpole", "task=sysid", f"task.reference={path}", f"task.shared={shared}",
-        "iterations=150", "log_every=50", "hydra.run.dir=run", cwd=tmp_path, timeout=600,
+        "iterations=150", "log_every=50", "plot_every=null", "hydra.run.dir=run", cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -212,6 +212,39 @@ def test_rollout_plot_is_a_tensorboard_image_at_the_first_log_step_every_n_itera
     assert not np.array_equal(first, last)  # the solid curves moved with training
 
 
+def test_a_slow_rollout_plot_lets_the_loop_run_one_image_ahead_and_drops_none(tmp_path, monkeypatch):
+    """Each image takes longer to draw than the iterations between log steps: the loop goes on
+    past a log step with one image drawing and one waiting, never more, and every image is
+    written, in order."""
+    import threading
+    import time
+
+    from harness.training import callbacks
+
+    draw, drawing, waiting = callbacks.RolloutPlotLog._draw, threading.Lock(), []
+
+    def slow_draw(self, done, *args):
+        with drawing:  # one worker thread: never two at once
+            time.sleep(0.2)
+            draw(self, done, *args)
+
+    on_log = callbacks.RolloutPlotLog.on_log
+
+    def counting_on_log(self, loop, iteration, values):
+        on_log(self, loop, iteration, values)
+        waiting.append(sum(not f.done() for f in self._pending))
+
+    monkeypatch.setattr(callbacks.RolloutPlotLog, "_draw", slow_draw)
+    monkeypatch.setattr(callbacks.RolloutPlotLog, "on_log", counting_on_log)
+    trainer = make_trainer(horizon=20, world_count=2, iterations=5, log_every=1, plot_every=1)
+    trainer.fit(tmp_path)
+    assert max(waiting) == 2  # one drawn while one more waited: the loop ran ahead
+    assert len(waiting) == 5
+    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Images("loss/rollout")] == [1, 2, 3, 4, 5]
+
+
 def test_rollout_series_are_those_the_iteration_started_from():
     """The cartpole's `controls` observable is the action parameters themselves, already
     updated after an iteration; the plotted series take them from before the update, with

@@ -316,6 +316,14 @@ def iteration_series(step: Any) -> dict[str, np.ndarray]:
     return per_step_series(step.env.horizon, observables, step.state.params.split(used))
 
 
+def _import_matplotlib() -> None:
+    """What :class:`harness.plots.SeriesFigure` imports (on the rollout plot's worker thread)."""
+    import importlib
+
+    for name in ("matplotlib.figure", "matplotlib.backends.backend_agg"):
+        importlib.import_module(name)
+
+
 class RolloutPlotLog(Callback):
     """TensorBoard image ``loss/rollout``: every per-step observable and an open-loop task's
     actions against time, the first iteration this process ran dashed (before training, for
@@ -325,9 +333,10 @@ class RolloutPlotLog(Callback):
     ``every`` iterations, and at the last iteration, from the iteration's rollout and the
     parameters it ran with (:func:`iteration_series`). The values are copied on the loop's
     thread; matplotlib draws on one worker thread (a pyplot-free figure) while the next
-    iterations run (Warp's launches release the GIL); at most one image is in flight (the
-    loop waits for the previous one when the next is due), and a drawing error is reported
-    in one line, never raised. Envs without per-step observables get no image.
+    iterations run (Warp's launches release the GIL), after importing matplotlib there while
+    the run starts; one image is drawn while at most one more waits (the loop waits for the
+    older one when a third is due), and a drawing error is reported in one line, never
+    raised. Envs without per-step observables get no image.
 
     Args:
         tensorboard: The run's :class:`TensorBoardLog` (listed before this callback).
@@ -343,7 +352,19 @@ class RolloutPlotLog(Callback):
         self._figure: Any = None
         self._drawn = -1  # multiples of `every` already drawn
         self._worker: Any = None
-        self._pending: Any = None  # the image being drawn (a Future)
+        self._pending: list[Any] = []  # the images drawn or waiting to be (Futures), oldest first
+
+    def on_start(self, loop: Loop) -> None:
+        # matplotlib's import (about 0.4 s) on the worker thread while the loop compiles, loads
+        # and runs its first iterations (Warp's kernels run with the GIL released), not after
+        self._start_worker()
+        self._pending.append(self._worker.submit(_import_matplotlib))
+
+    def _start_worker(self) -> None:
+        if self._worker is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-plot")
 
     def on_iteration(self, loop: Loop, iteration: int) -> None:
         if self._first is None:
@@ -360,22 +381,23 @@ class RolloutPlotLog(Callback):
             self._first = (done, current)
         if not current:
             return
-        if self._worker is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-plot")
+        self._start_worker()
         env = loop.step.env
-        self._settle()  # at most one image in flight: wait for the previous one (never drop one)
-        self._pending = self._worker.submit(
-            self._draw, done, self._first, current, float(env.dt), env.component_names()
+        # at most one image drawn while one more waits: the loop goes on past a log step while
+        # the previous image is still being drawn, and never runs more than two ahead of the
+        # drawing (never drops one)
+        while len(self._pending) > 1:
+            self._settle()
+        self._pending.append(
+            self._worker.submit(self._draw, done, self._first, current, float(env.dt), env.component_names())
         )
 
     def _settle(self) -> None:
-        """Wait for the image in flight; a drawing error is one warning line, never raised
-        (an image is not worth failing a run for)."""
-        if self._pending is None:
+        """Wait for the oldest image in flight; a drawing error is one warning line, never
+        raised (an image is not worth failing a run for)."""
+        if not self._pending:
             return
-        error, self._pending = self._pending.exception(), None
+        error = self._pending.pop(0).exception()
         if error is not None:
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
             print(f"warning: {self.TAG}: drawing failed: {type(error).__name__}: {first}", file=sys.stderr)
@@ -393,7 +415,8 @@ class RolloutPlotLog(Callback):
     def close(self, loop: Loop) -> None:
         if self._worker is None:
             return
-        self._settle()
+        while self._pending:
+            self._settle()
         self._worker.shutdown(wait=True)
         self._worker = None
         self.tensorboard.writer.flush()
