@@ -131,6 +131,38 @@ def test_the_probe_envs_predict_the_arrays_a_bigger_env_holds(cartpole_run):
     assert held == pytest.approx(a + b * 8 + 30 * (c + d * 8), rel=0.02)
 
 
+def test_the_probes_are_the_same_with_the_collector_paused_and_its_last_three_are_freed():
+    """Inside ``collector_paused`` (a command's precheck) the probe freezes what its first probe
+    made before building the other three: the same figures as with the collector running, and
+    the last three probes' models are collected when it returns (the first's may stay)."""
+    import gc
+    import weakref
+
+    from envs.cartpole import CartpoleConfig, CartpoleEnv
+    from harness.commands.common import collector_paused
+
+    models: list[weakref.ref] = []
+
+    class Tracked(CartpoleEnv):
+        def build_model(self):
+            model = super().build_model()
+            models.append(weakref.ref(model))
+            return model
+
+    config = CartpoleConfig(world_count=1, horizon=1)
+    running = limits.probe_env(Tracked, config, "cpu")
+    # (the first probe of a process whose build imports Newton stays referenced after the
+    # collection, with or without the pause: seen, its referrer not traced)
+    assert len(models) == 4 and all(ref() is None for ref in models[1:])
+    models.clear()
+    with collector_paused():
+        assert not gc.isenabled()
+        paused = limits.probe_env(Tracked, config, "cpu")
+        assert len(models) == 4 and all(ref() is None for ref in models[1:])
+    assert gc.isenabled()
+    assert paused == running
+
+
 def _mem_available() -> int:
     meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
     return int(meminfo["MemAvailable"].split()[0]) * 1024
