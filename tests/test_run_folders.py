@@ -9,6 +9,7 @@ import hashlib
 import json
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -63,6 +64,8 @@ def test_a_second_writer_of_a_folder_is_refused_while_the_first_runs(tmp_path):
         for line in first.stdout:  # the first run holds the folder once it trains
             if "compiling kernels" in line:
                 break
+        # read on what it prints (a line every log step): a full pipe would stop it mid-print
+        threading.Thread(target=first.stdout.read, daemon=True).start()
         second = run_harness("train", *TINY, "iterations=4", f"hydra.run.dir={run}", cwd=tmp_path)
         line = one_line_refusal(second, "hydra.run.dir", str(run), f"process {first.pid}")
         assert "another folder" in line
