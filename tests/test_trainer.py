@@ -216,17 +216,15 @@ def test_a_slow_rollout_plot_lets_the_loop_run_one_image_ahead_and_drops_none(tm
     """Each image takes longer to draw than the iterations between log steps: the loop goes on
     past a log step with one image drawing and one waiting, never more, and every image is
     written, in order."""
-    import threading
     import time
 
     from harness.training import callbacks
 
-    draw, drawing, waiting = callbacks.RolloutPlotLog._draw, threading.Lock(), []
+    draw, waiting = callbacks.RolloutPlotLog._draw, []
 
     def slow_draw(self, done, *args):
-        with drawing:  # one worker thread: never two at once
-            time.sleep(0.2)
-            draw(self, done, *args)
+        time.sleep(0.2)
+        draw(self, done, *args)
 
     on_log = callbacks.RolloutPlotLog.on_log
 

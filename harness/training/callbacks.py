@@ -357,14 +357,10 @@ class RolloutPlotLog(Callback):
     def on_start(self, loop: Loop) -> None:
         # matplotlib's import (about 0.4 s) on the worker thread while the loop compiles, loads
         # and runs its first iterations (Warp's kernels run with the GIL released), not after
-        self._start_worker()
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-plot")
         self._pending.append(self._worker.submit(_import_matplotlib))
-
-    def _start_worker(self) -> None:
-        if self._worker is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-plot")
 
     def on_iteration(self, loop: Loop, iteration: int) -> None:
         if self._first is None:
@@ -381,11 +377,9 @@ class RolloutPlotLog(Callback):
             self._first = (done, current)
         if not current:
             return
-        self._start_worker()
         env = loop.step.env
-        # at most one image drawn while one more waits: the loop goes on past a log step while
-        # the previous image is still being drawn, and never runs more than two ahead of the
-        # drawing (never drops one)
+        # at most two pending, one drawn and one waiting: the loop goes on past a log step while
+        # the previous image is drawn, and waits for the older one when a third is due (none dropped)
         while len(self._pending) > 1:
             self._settle()
         self._pending.append(
