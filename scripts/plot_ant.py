@@ -12,7 +12,9 @@ its mean over seeds and the band of one standard deviation against iterations (e
 right, and a SHAC curve also against the same simulated steps (epochs x 32 steps x
 ``--reference-worlds``) on the left; an adaptive-horizon curve (AHAC's) is on the right only, as
 its epochs' steps vary and the export does not hold them. Writes ``<out>.png`` and ``<out>.json``;
-``--from <out>.json`` draws an earlier plot again from what it read (run folders since removed)::
+``--from <out>.json`` draws an earlier plot again from what it read (run folders since removed);
+run folders given with it are read now and added, each in place of an earlier curve of the same
+method, seed and worlds::
 
     .venv/bin/python scripts/plot_ant.py outputs/ant/seed0 outputs/ant/seed1 --out docs/img/ant_shac \
         --reference docs/data/shac_ant_georgiev2024.csv
@@ -29,7 +31,18 @@ import yaml
 
 REFERENCE_COLOURS = ("0.35", "tab:brown", "tab:pink", "tab:olive")
 """The published curves' colours; the runs' below never take one of them."""
-RUN_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:cyan", "black", "gold")
+RUN_COLOURS = (
+    "tab:blue",
+    "tab:orange",
+    "tab:green",
+    "tab:red",
+    "tab:purple",
+    "tab:cyan",
+    "black",
+    "gold",
+    "navy",
+    "lime",
+)
 
 
 def curve(run: Path) -> dict:
@@ -68,6 +81,11 @@ def curve(run: Path) -> dict:
     return found
 
 
+def _identity(c: dict) -> tuple:
+    """What a curve's legend tells it by: two curves alike in all three would read as one."""
+    return (c["method"], c["seed"], c["worlds"])
+
+
 def reference(path: Path) -> dict:
     """A summarised published curve: epoch, seeds, mean, std, min, max (``#`` lines are its source)."""
     import csv
@@ -97,15 +115,19 @@ def main() -> None:
     parser.add_argument("--reference-worlds", type=int, default=128, help="its worlds per epoch (their config: 128)")
     parser.add_argument("--robot", default="ant", help="the env the runs trained (+env=NAME), for the title")
     args = parser.parse_args()
-    if bool(args.runs) == bool(args.source):
-        parser.error("runs: give run folders, or --from an earlier <out>.json, not both")
+    if not args.runs and args.source is None:
+        parser.error("runs: give run folders, --from an earlier <out>.json, or both")
+    curves, published = [], [reference(path) for path in args.reference]
     if args.source is not None:  # the runs' curves and held-out figures as read then; references too
         earlier = json.loads(args.source.read_text())
         curves = earlier["runs"]
-        published = [reference(path) for path in args.reference] or earlier["references"]
-    else:
-        curves = [curve(run) for run in args.runs]
-        published = [reference(path) for path in args.reference]
+        published = published or earlier["references"]
+    for fresh in (curve(run) for run in args.runs):  # read now: added, or in place of the same run read then
+        same = [i for i, c in enumerate(curves) if _identity(c) == _identity(fresh)]
+        if same:
+            curves[same[0]] = fresh
+        else:
+            curves.append(fresh)
     found = {"runs": curves, "references": published}
     args.out.with_suffix(".json").write_text(json.dumps(found, indent=1) + "\n")
 

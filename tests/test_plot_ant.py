@@ -1,6 +1,7 @@
 """scripts/plot_ant.py, run as a process (its colours read from the script itself): ``--from``
 draws a committed plot again from the JSON it wrote (the run folders behind
-docs/img/ant_ablation.png are gone), and the runs' colours are never a published curve's."""
+docs/img/ant_ablation.png are gone), run folders given with it add to it or replace a curve, and
+the runs' colours are never a published curve's."""
 
 from __future__ import annotations
 
@@ -26,13 +27,65 @@ def test_a_plot_is_drawn_again_from_its_json_with_the_same_curves(tmp_path):
     assert (tmp_path / "again.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_run_folders_and_from_together_are_refused_and_nothing_is_written(tmp_path):
-    done = plot(str(tmp_path), "--from", str(ROOT / "docs" / "img" / "ant_ablation.json"), "--out", str(tmp_path / "x"))
+def _run_folder(folder, *, seed: int, worlds: int, returns: dict[int, float], held_out: float | None = None):
+    """A task=shac run folder as the trainer leaves it, in the parts the script reads: its
+    config.yaml and ``episode/return`` in a TensorBoard event file (the harness's own writer)."""
+    from harness import tags
+    from harness.events import EventWriter
+
+    config = {"seed": seed, "iterations": 2000, "env": {"world_count": worlds},
+              "task": {"_target_": "harness.tasks.SHAC", "window": 32, "auto": {"ceiling": 32}}}  # fmt: skip
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+    writer = EventWriter(folder)
+    for step, value in returns.items():
+        writer.scalars(step, {tags.EPISODE_RETURN: value})
+    writer.close()
+    if held_out is not None:
+        report = {
+            "iteration": 2000,
+            "figures": {"episode_return": held_out, "forward_speed": 7.0, "fall_fraction": 0.0},
+        }
+        (folder / "eval.json").write_text(json.dumps(report))
+    return folder
+
+
+def test_run_folders_with_from_are_added_and_replace_the_same_method_seed_and_worlds(tmp_path):
+    source = ROOT / "docs" / "img" / "ant_ahac_dflex.json"
+    earlier = json.loads(source.read_text())["runs"]
+    assert [(c["method"], c["seed"], c["worlds"]) for c in earlier].count(("SHAC", 0, 128)) == 1
+    new_seed = _run_folder(
+        tmp_path / "s1", seed=1, worlds=128, returns={0: 80.0, 200: 4494.0, 2000: 9000.5}, held_out=8999.0
+    )
+    again = _run_folder(tmp_path / "s0", seed=0, worlds=128, returns={0: 78.0, 2000: 1234.5})
+    done = plot("--from", str(source), str(new_seed), str(again), "--out", str(tmp_path / "both"))
+    assert done.returncode == 0, done.stderr
+    runs = json.loads((tmp_path / "both.json").read_text())["runs"]
+    assert len(runs) == len(earlier) + 1
+    assert runs[: len(earlier) - 1] == earlier[:-1]  # the others as read then, in their order
+    replaced = runs[len(earlier) - 1]  # seed 0 with 128 worlds was the earlier plot's last curve
+    assert (replaced["seed"], replaced["worlds"], replaced["iterations"], replaced["return"]) == (
+        0,
+        128,
+        [0, 2000],
+        [78.0, 1234.5],
+    )
+    assert "held_out" not in replaced  # the folder read now has none
+    added = runs[-1]
+    assert (added["seed"], added["steps"], added["return"]) == (
+        1,
+        [0, 200 * 32 * 128, 2000 * 32 * 128],
+        [80.0, 4494.0, 9000.5],
+    )
+    assert added["held_out"]["episode_return"] == 8999.0 and added["held_out"]["steps"] == 2000 * 32 * 128
+    assert (tmp_path / "both.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_neither_run_folders_nor_from_is_refused_and_nothing_is_written(tmp_path):
+    done = plot("--out", str(tmp_path / "x"))
     assert done.returncode == 2
     assert (
-        done.stderr.strip()
-        .splitlines()[-1]
-        .endswith("runs: give run folders, or --from an earlier <out>.json, not both")
+        done.stderr.strip().splitlines()[-1].endswith("runs: give run folders, --from an earlier <out>.json, or both")
     )
     assert not (tmp_path / "x.png").exists() and not (tmp_path / "x.json").exists()
 
