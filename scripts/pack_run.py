@@ -1,0 +1,98 @@
+"""Pack what a stopped run needs to go on elsewhere into a small folder: its ``config.yaml``, its
+Hydra record (``.hydra/``), its newest checkpoint, and the scalars of the tags it is told to keep
+(``--keep``, by default ``episode/``: the curves scripts/plot_ant.py reads) in one TensorBoard
+event file with their steps and wall times.
+
+A long run's folder is mostly its event file (the Ant's 128-world SHAC: 14 MB at iteration 1500,
+per-iteration scalars, histograms and images) and the checkpoints it keeps (350 kB each); the
+pack is one checkpoint and a few kB of events, small enough to carry where a run folder would be
+lost (a machine that is replaced between two sessions). The run continues from the pack as from
+its own folder, bit for bit (``resume=auto``: tests/test_pack_run.py); the scalars left behind
+are missing from its curves up to the checkpoint. Copy the pack to a folder outside the
+repository first, so that the resumed run writes there::
+
+    .venv/bin/python scripts/pack_run.py /work/runs/shac_w128_s1 docs/data/runs/ant_shac_w128_s1
+    cp -r docs/data/runs/ant_shac_w128_s1 /work/runs/shac_w128_s1
+    .venv/bin/python -m harness train +env=ant task=shac seed=1 env.world_count=128 resume=auto \\
+        hydra.run.dir=/work/runs/shac_w128_s1
+
+The pack is written beside ``out`` and renamed into place once whole: an existing non-empty
+``out`` is refused, and a failed pack leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere: harness is importable
+
+
+def pack(run: Path, out: Path, keep: list[str]) -> dict:
+    """Write the pack of ``run`` to ``out`` (which must not exist, or be an empty folder);
+    returns what it holds: the checkpoint's iteration, its file and the scalars kept per tag."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from harness import checkpoint
+    from harness.events import EventWriter
+
+    newest = checkpoint.resolve("auto", run)
+    if newest is None:
+        raise ValueError(f"run: '{run}' has no checkpoint to go on from (looked in {checkpoint.checkpoint_dir(run)})")
+    saved = checkpoint.load(newest, field="run")  # the checksum and the arrays, before anything is written
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = [tag for tag in events.Tags()["scalars"] if any(tag.startswith(prefix) for prefix in keep)]
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        (partial / "checkpoints").mkdir(parents=True)
+        shutil.copy2(run / "config.yaml", partial / "config.yaml")
+        if (run / ".hydra").is_dir():
+            shutil.copytree(run / ".hydra", partial / ".hydra")
+        shutil.copy2(newest, partial / "checkpoints" / newest.name)
+        kept: dict[str, int] = {}
+        writer = EventWriter(partial)
+        for tag in tags:  # what the resumed run will not log again: the steps up to its checkpoint
+            points = [e for e in events.Scalars(tag) if e.step <= saved.iteration]
+            for e in points:
+                writer.scalars(e.step, {tag: e.value}, wall_time=e.wall_time)
+            kept[tag] = len(points)
+        writer.close()
+        if out.is_dir():
+            out.rmdir()  # empty (checked by the caller): the rename needs it gone
+        partial.rename(out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return {"iteration": saved.iteration, "checkpoint": newest.name, "scalars": kept}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a run folder of python -m harness train")
+    parser.add_argument("out", type=Path, help="the pack's folder (new, or empty)")
+    parser.add_argument("--keep", action="append", default=None,
+                        help="keep the scalars whose tag starts with this (repeatable; default: episode/)")  # fmt: skip
+    args = parser.parse_args()
+    if not (args.run / "config.yaml").is_file():
+        parser.error(f"run: '{args.run}' is not a run folder of python -m harness train (no config.yaml)")
+    if args.out.exists() and not (args.out.is_dir() and not any(args.out.iterdir())):
+        parser.error(f"out: '{args.out}' exists and is not an empty folder; accepted: a new or empty folder")
+    if not args.out.parent.is_dir():
+        parser.error(f"out: its parent folder '{args.out.parent}' does not exist")
+    from harness.checkpoint import CheckpointError
+
+    try:
+        found = pack(args.run, args.out, args.keep or ["episode/"])
+    except (ValueError, CheckpointError) as exc:
+        parser.error(str(exc))
+    scalars = ", ".join(f"{tag} {count}" for tag, count in found["scalars"].items()) or "none"
+    where = f"at iteration {found['iteration']} ({found['checkpoint']})"
+    print(f"packed {args.run} {where} into {args.out}; scalars: {scalars}")
+
+
+if __name__ == "__main__":
+    main()
