@@ -67,13 +67,16 @@ class EventWriter:
         self._file.add_event(event)
 
     def _summary(self, step: int, *values: Summary.Value, wall_time: float | None = None) -> None:
-        self._add(Event(step=int(step), wall_time=wall_time or 0.0, summary=Summary(value=list(values))))
+        event = Event(step=int(step), summary=Summary(value=list(values)))
+        if wall_time is not None:
+            event.wall_time = wall_time
+        self._add(event)
 
     def scalars(self, step: int, values: Mapping[str, float], *, wall_time: float | None = None) -> None:
         """One scalar per tag at ``step`` (nan and inf are stored as they are); ``wall_time``
         (seconds since the epoch) for a value copied from another event file, else now."""
-        values = (Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items())
-        self._summary(step, *values, wall_time=wall_time)
+        protos = (Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items())
+        self._summary(step, *protos, wall_time=wall_time)
 
     def histogram(self, step: int, tag: str, values: np.ndarray) -> None:
         """A histogram of the finite entries of ``values`` (numpy's ``auto`` bins); nothing if none is finite."""

@@ -8,16 +8,19 @@ per-iteration scalars, histograms and images) and the checkpoints it keeps (350 
 pack is one checkpoint and a few kB of events, small enough to carry where a run folder would be
 lost (a machine that is replaced between two sessions). The run continues from the pack as from
 its own folder, bit for bit (``resume=auto``: tests/test_pack_run.py); the scalars left behind
-are missing from its curves up to the checkpoint. Copy the pack to a folder outside the
-repository first, so that the resumed run writes there::
+are missing from its curves up to the checkpoint. Stop the run first (SIGTERM writes a checkpoint
+at the iteration it stops after), and copy the pack to a folder outside the repository that does
+not exist yet, so that the resumed run writes there::
 
+    mkdir -p docs/data/runs
     .venv/bin/python scripts/pack_run.py /work/runs/shac_w128_s1 docs/data/runs/ant_shac_w128_s1
-    cp -r docs/data/runs/ant_shac_w128_s1 /work/runs/shac_w128_s1
+    mkdir -p /work/runs && cp -r docs/data/runs/ant_shac_w128_s1 /work/runs/shac_w128_s1   # the other machine
     .venv/bin/python -m harness train +env=ant task=shac seed=1 env.world_count=128 resume=auto \\
         hydra.run.dir=/work/runs/shac_w128_s1
 
-The pack is written beside ``out`` and renamed into place once whole: an existing non-empty
-``out`` is refused, and a failed pack leaves nothing behind.
+The pack is written into a hidden folder beside ``out`` and renamed into place once whole and its
+copied checkpoint read back: an ``out`` that holds anything is refused, and a refused or failed
+pack leaves nothing behind (a pack killed part-way leaves its hidden ``.<out>.partial-*`` folder).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,13 +51,15 @@ def pack(run: Path, out: Path, keep: list[str]) -> dict:
     events = EventAccumulator(str(run), size_guidance={"scalars": 0})
     events.Reload()
     tags = [tag for tag in events.Tags()["scalars"] if any(tag.startswith(prefix) for prefix in keep)]
-    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
-        (partial / "checkpoints").mkdir(parents=True)
+        partial.chmod(0o755)  # mkdtemp's is the owner's alone
+        (partial / "checkpoints").mkdir()
         shutil.copy2(run / "config.yaml", partial / "config.yaml")
         if (run / ".hydra").is_dir():
             shutil.copytree(run / ".hydra", partial / ".hydra")
         shutil.copy2(newest, partial / "checkpoints" / newest.name)
+        checkpoint.load(partial / "checkpoints" / newest.name, field="run")  # the bytes copied are whole
         kept: dict[str, int] = {}
         writer = EventWriter(partial)
         for tag in tags:  # what the resumed run will not log again: the steps up to its checkpoint
@@ -62,9 +68,7 @@ def pack(run: Path, out: Path, keep: list[str]) -> dict:
                 writer.scalars(e.step, {tag: e.value}, wall_time=e.wall_time)
             kept[tag] = len(points)
         writer.close()
-        if out.is_dir():
-            out.rmdir()  # empty (checked by the caller): the rename needs it gone
-        partial.rename(out)
+        os.replace(partial, out)  # an empty out (checked by the caller) is replaced
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return {"iteration": saved.iteration, "checkpoint": newest.name, "scalars": kept}
@@ -79,16 +83,21 @@ def main() -> None:
     args = parser.parse_args()
     if not (args.run / "config.yaml").is_file():
         parser.error(f"run: '{args.run}' is not a run folder of python -m harness train (no config.yaml)")
-    if args.out.exists() and not (args.out.is_dir() and not any(args.out.iterdir())):
+    out = args.out.resolve()  # a symlink's target, '.' by its name
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         parser.error(f"out: '{args.out}' exists and is not an empty folder; accepted: a new or empty folder")
-    if not args.out.parent.is_dir():
-        parser.error(f"out: its parent folder '{args.out.parent}' does not exist")
+    if not out.parent.is_dir():
+        parser.error(f"out: its parent folder '{out.parent}' does not exist")
+    if out == args.run.resolve() or args.run.resolve() in out.parents:
+        parser.error(f"out: '{args.out}' is inside the run folder '{args.run}'; accepted: a folder outside it")
     from harness.checkpoint import CheckpointError
 
     try:
-        found = pack(args.run, args.out, args.keep or ["episode/"])
+        found = pack(args.run, out, args.keep or ["episode/"])
     except (ValueError, CheckpointError) as exc:
         parser.error(str(exc))
+    except (OSError, shutil.Error) as exc:  # unreadable, unwritable, a dangling link: nothing left behind
+        parser.error(f"out: cannot pack into '{args.out}': {str(exc).splitlines()[0][:300]}")
     scalars = ", ".join(f"{tag} {count}" for tag, count in found["scalars"].items()) or "none"
     where = f"at iteration {found['iteration']} ({found['checkpoint']})"
     print(f"packed {args.run} {where} into {args.out}; scalars: {scalars}")

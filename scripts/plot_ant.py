@@ -86,6 +86,10 @@ def _identity(c: dict) -> tuple:
     return (c["method"], c["seed"], c["worlds"])
 
 
+def _named(c: dict) -> str:
+    return f"{c['method']}, seed {c['seed']}, {c['worlds']} worlds"
+
+
 def reference(path: Path) -> dict:
     """A summarised published curve: epoch, seeds, mean, std, min, max (``#`` lines are its source)."""
     import csv
@@ -122,12 +126,17 @@ def main() -> None:
         earlier = json.loads(args.source.read_text())
         curves = earlier["runs"]
         published = published or earlier["references"]
-    for fresh in (curve(run) for run in args.runs):  # read now: added, or in place of the same run read then
-        same = [i for i, c in enumerate(curves) if _identity(c) == _identity(fresh)]
-        if same:
-            curves[same[0]] = fresh
+    fresh = [curve(run) for run in args.runs]
+    for i, c in enumerate(fresh):
+        twin = next((other for other in fresh[:i] if _identity(other) == _identity(c)), None)
+        if twin is not None:
+            parser.error(f"runs: '{twin['run']}' and '{c['run']}' are both {_named(c)}; give one")
+    earlier_at = {_identity(c): i for i, c in enumerate(curves)}  # read then: a run read now takes its place
+    for c in fresh:
+        if _identity(c) in earlier_at:
+            curves[earlier_at[_identity(c)]] = c
         else:
-            curves.append(fresh)
+            curves.append(c)
     found = {"runs": curves, "references": published}
     args.out.with_suffix(".json").write_text(json.dumps(found, indent=1) + "\n")
 

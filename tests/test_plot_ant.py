@@ -51,27 +51,24 @@ def _run_folder(folder, *, seed: int, worlds: int, returns: dict[int, float], he
 
 
 def test_run_folders_with_from_are_added_and_replace_the_same_method_seed_and_worlds(tmp_path):
-    source = ROOT / "docs" / "img" / "ant_ahac_dflex.json"
-    earlier = json.loads(source.read_text())["runs"]
-    assert [(c["method"], c["seed"], c["worlds"]) for c in earlier].count(("SHAC", 0, 128)) == 1
+    first = _run_folder(tmp_path / "a", seed=0, worlds=64, returns={0: 70.0, 2000: 7000.0}, held_out=7340.0)
+    second = _run_folder(tmp_path / "b", seed=0, worlds=128, returns={0: 78.0, 200: 4938.0})
+    done = plot(str(first), str(second), "--out", str(tmp_path / "earlier"))
+    assert done.returncode == 0, done.stderr
+    earlier = json.loads((tmp_path / "earlier.json").read_text())["runs"]
+    assert [(c["seed"], c["worlds"]) for c in earlier] == [(0, 64), (0, 128)]
+
     new_seed = _run_folder(
-        tmp_path / "s1", seed=1, worlds=128, returns={0: 80.0, 200: 4494.0, 2000: 9000.5}, held_out=8999.0
+        tmp_path / "c", seed=1, worlds=128, returns={0: 80.0, 200: 4494.0, 2000: 9000.5}, held_out=8999.0
     )
-    again = _run_folder(tmp_path / "s0", seed=0, worlds=128, returns={0: 78.0, 2000: 1234.5})
-    done = plot("--from", str(source), str(new_seed), str(again), "--out", str(tmp_path / "both"))
+    again = _run_folder(tmp_path / "d", seed=0, worlds=128, returns={0: 78.0, 200: 4938.0, 2000: 8901.0})
+    done = plot("--from", str(tmp_path / "earlier.json"), str(new_seed), str(again), "--out", str(tmp_path / "both"))
     assert done.returncode == 0, done.stderr
     runs = json.loads((tmp_path / "both.json").read_text())["runs"]
-    assert len(runs) == len(earlier) + 1
-    assert runs[: len(earlier) - 1] == earlier[:-1]  # the others as read then, in their order
-    replaced = runs[len(earlier) - 1]  # seed 0 with 128 worlds was the earlier plot's last curve
-    assert (replaced["seed"], replaced["worlds"], replaced["iterations"], replaced["return"]) == (
-        0,
-        128,
-        [0, 2000],
-        [78.0, 1234.5],
-    )
-    assert "held_out" not in replaced  # the folder read now has none
-    added = runs[-1]
+    assert [c["run"] for c in runs] == [str(first), str(again), str(new_seed)]  # replaced in place, then added
+    assert runs[0] == earlier[0]  # as read then
+    assert (runs[1]["iterations"], runs[1]["return"]) == ([0, 200, 2000], [78.0, 4938.0, 8901.0])
+    added = runs[2]
     assert (added["seed"], added["steps"], added["return"]) == (
         1,
         [0, 200 * 32 * 128, 2000 * 32 * 128],
@@ -79,6 +76,19 @@ def test_run_folders_with_from_are_added_and_replace_the_same_method_seed_and_wo
     )
     assert added["held_out"]["episode_return"] == 8999.0 and added["held_out"]["steps"] == 2000 * 32 * 128
     assert (tmp_path / "both.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_two_run_folders_of_the_same_method_seed_and_worlds_are_refused_and_nothing_is_written(tmp_path):
+    one = _run_folder(tmp_path / "one", seed=1, worlds=128, returns={0: 80.0})
+    two = _run_folder(tmp_path / "two", seed=1, worlds=128, returns={0: 81.0})
+    done = plot(str(one), str(two), "--out", str(tmp_path / "x"))
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"runs: '{one}' and '{two}' are both SHAC, seed 1, 128 worlds; give one")
+    )
+    assert not (tmp_path / "x.png").exists() and not (tmp_path / "x.json").exists()
 
 
 def test_neither_run_folders_nor_from_is_refused_and_nothing_is_written(tmp_path):
