@@ -90,11 +90,9 @@ def main() -> None:
         parser.error(f"out: its parent folder '{out.parent}' does not exist")
     if out == args.run.resolve() or args.run.resolve() in out.parents:
         parser.error(f"out: '{args.out}' is inside the run folder '{args.run}'; accepted: a folder outside it")
-    from harness.checkpoint import CheckpointError
-
     try:
         found = pack(args.run, out, args.keep or ["episode/"])
-    except (ValueError, CheckpointError) as exc:
+    except ValueError as exc:  # harness.checkpoint.CheckpointError is one
         parser.error(str(exc))
     except (OSError, shutil.Error) as exc:  # unreadable, unwritable, a dangling link: nothing left behind
         parser.error(f"out: cannot pack into '{args.out}': {str(exc).splitlines()[0][:300]}")
